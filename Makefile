@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both set up everything they need on a fresh Debian 12 machine (as root).
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+
+.PHONY: setup system-deps demo test lint typecheck unit clean
+
+setup: $(STAMP)
+
+system-deps:
+	bash scripts/system-deps
+
+$(STAMP): pyproject.toml | system-deps
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+unit: setup
+	$(VENV)/bin/pytest tests/unit
+
+test: lint typecheck
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,205 @@
+"""``fdl``: the operator's command line.
+
+Thin shell: parse flags, call the pure cores, print with rich. Exit codes:
+0 success, 1 invalid input or a failed operation, 2 usage error, 70 a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .config import ConfigError, FdlConfig, Loaded, Problem, load_config
+from .ranks import known_ranks, plan_window
+
+EXAMPLES = ("lab", "reference")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _print_problems(problems: list[Problem]) -> None:
+    for problem in problems:
+        style = "red" if problem.severity == "error" else "yellow"
+        err.print(problem.render(), style=style, markup=False)
+
+
+def _emit_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2))
+
+
+def _load(file: Path, base: Path | None, as_json: bool) -> Loaded:
+    try:
+        return load_config(file, base)
+    except ConfigError as exc:
+        if as_json:
+            _emit_json({"valid": False, "errors": [p.as_dict() for p in exc.problems], "warnings": []})
+        else:
+            _print_problems(list(exc.problems))
+        raise SystemExit(1) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="fdl")
+def cli() -> None:
+    """flodl fleet: stand up and run multi-host training fleets."""
+
+
+@cli.group()
+def config() -> None:
+    """Check, show and describe fdl.yml / fdl.cluster.yml."""
+
+
+file_arg = click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+base_opt = click.option(
+    "--base",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fdl.yml to deep-merge FILE onto (the overlay rule).",
+)
+json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+
+
+@config.command("check")
+@file_arg
+@base_opt
+@json_opt
+def config_check(file: Path, base: Path | None, as_json: bool) -> None:
+    """Validate FILE. Exit 0 valid, 1 invalid; warnings go to stderr."""
+    loaded = _load(file, base, as_json)
+    if as_json:
+        _emit_json({"valid": True, "errors": [], "warnings": [w.as_dict() for w in loaded.warnings]})
+        return
+    _print_problems(loaded.warnings)
+    out.print(f"ok: {' + '.join(loaded.files)}: {_summary(loaded.config)}", markup=False)
+
+
+def _summary(config: FdlConfig) -> str:
+    parts = []
+    if config.cluster is not None:
+        capacity = config.cluster.capacity
+        ranks = "ranks known at dispatch" if capacity is None else f"{capacity} ranks"
+        parts.append(f"cluster with {len(config.cluster.workers)} workers, {ranks}")
+    if config.join is not None:
+        parts.append("join block")
+    if config.publish is not None:
+        parts.append("publish block")
+    return ", ".join(parts) or "nothing configured"
+
+
+def _redacted(data: dict[str, Any]) -> dict[str, Any]:
+    """Secrets never reach a terminal or a log: show that a token is set, not what it is."""
+    for block in (data.get("cluster", {}).get("controller", {}).get("join", {}), data.get("join")):
+        if isinstance(block, dict) and block.get("token"):
+            block["token"] = "<redacted>"
+    return data
+
+
+def _show_payload(config: FdlConfig) -> dict[str, Any]:
+    payload: dict[str, Any] = {"config": _redacted(config.model_dump(mode="json", by_alias=True))}
+    cluster = config.cluster
+    if cluster is not None:
+        starts = {r.host: (r.start, r.stop) for r in known_ranks(cluster)}
+        payload["capacity"] = cluster.capacity
+        payload["workers"] = [
+            {
+                "host": w.host,
+                "devices": w.local_devices.to_data(),
+                "capacity": w.capacity,
+                "ranks": list(starts[w.host]) if w.host in starts else None,
+            }
+            for w in cluster.workers
+        ]
+        plan = plan_window(cluster.controller.join, cluster.capacity)
+        payload["window"] = {
+            "quorum": plan.quorum,
+            "target": plan.target,
+            "join_timeout": plan.join_timeout,
+            "max_join_timeout": plan.max_join_timeout,
+            "start": plan.start,
+        }
+    return payload
+
+
+@config.command("show")
+@file_arg
+@base_opt
+@json_opt
+def config_show(file: Path, base: Path | None, as_json: bool) -> None:
+    """Print FILE normalized, with rank capacity, rank ranges and the window plan."""
+    loaded = _load(file, base, as_json)
+    payload = _show_payload(loaded.config)
+    if as_json:
+        _emit_json(payload)
+        return
+    _print_problems(loaded.warnings)
+    cluster = loaded.config.cluster
+    if cluster is None:
+        out.print_json(json.dumps(payload["config"]))
+        return
+    ctl = cluster.controller
+    out.print(f"controller {ctl.host}:{ctl.port}", markup=False)
+    table = Table("host", "devices", "ranks", "nccl_socket_ifname", "path", "arch")
+    for worker, row in zip(cluster.workers, payload["workers"], strict=True):
+        ranks = "at dispatch" if row["ranks"] is None else f"[{row['ranks'][0]}..{row['ranks'][1]})"
+        table.add_row(
+            worker.host,
+            str(worker.local_devices),
+            ranks,
+            worker.nccl_socket_ifname or "-",
+            worker.path or ctl.path or "-",
+            worker.arch or "-",
+        )
+    out.print(table)
+    w = payload["window"]
+    quorum = "at dispatch" if w["quorum"] is None else w["quorum"]
+    target = "none (holds for the window)" if w["target"] is None else w["target"]
+    out.print(
+        f"window: start {w['start']}, quorum {quorum}, target {target}, "
+        f"join_timeout {w['join_timeout']}s, hard cap {w['max_join_timeout']}s",
+        markup=False,
+    )
+
+
+@config.command("schema")
+def config_schema() -> None:
+    """Print the JSON Schema of fdl.yml / fdl.cluster.yml (for editors and CI)."""
+    schema = FdlConfig.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "flodl fleet configuration (fdl.yml, fdl.cluster.yml)"
+    _emit_json(schema)
+
+
+@config.command("example")
+@click.argument("name", type=click.Choice(EXAMPLES), default="reference")
+def config_example(name: str) -> None:
+    """Print an example cluster file: `reference` (every field) or `lab` (the lab fleet)."""
+    text = resources.files("flodl_agent").joinpath(f"examples/{name}.fdl.cluster.yml").read_text()
+    click.echo(text, nl=False)
+
+
+def _internal_error(exc: BaseException) -> NoReturn:
+    if os.environ.get("FDL_DEBUG"):
+        raise exc
+    err.print(
+        f"fdl: internal error: {type(exc).__name__}: {exc}\n"
+        "This is a bug in fdl. Rerun with FDL_DEBUG=1 for the traceback and report it.",
+        style="red",
+        markup=False,
+    )
+    sys.exit(70)
+
+
+def main() -> None:
+    try:
+        cli.main(prog_name="fdl")
+    except Exception as exc:  # the last line of defence: never a bare traceback
+        _internal_error(exc)

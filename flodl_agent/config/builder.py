@@ -1,0 +1,68 @@
+"""``ClusterBuilder``: the cluster file, built in code.
+
+It mirrors ``fdl.cluster.yml`` one to one — each method fills the block of the
+same name with the same keys — and validates through the same path as a file,
+so a mistake gets the same message either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .models import Cluster, FdlConfig
+from .problems import ConfigError, Problem
+from .validate import validate_data
+
+
+class ClusterBuilder:
+    def __init__(self) -> None:
+        self._controller: dict[str, Any] | None = None
+        self._join: dict[str, Any] = {}
+        self._workers: list[dict[str, Any]] = []
+        self._env: dict[str, Any] = {}
+        self._gpu_ram_share: float | None = None
+
+    def controller(self, host: str, **fields: Any) -> ClusterBuilder:
+        """``cluster.controller``: host plus port, path, docker, arch."""
+        self._controller = {"host": host, **fields}
+        return self
+
+    def join(self, **knobs: Any) -> ClusterBuilder:
+        """``cluster.controller.join``: min_rank_start, join_timeout, target_ranks, …"""
+        self._join.update(knobs)
+        return self
+
+    def worker(self, host: str, **fields: Any) -> ClusterBuilder:
+        """One ``cluster.workers`` entry; workers take ranks in the order added."""
+        self._workers.append({"host": host, **fields})
+        return self
+
+    def env(self, **variables: Any) -> ClusterBuilder:
+        """Cluster-scope ``env``, applied to every rank."""
+        self._env.update(variables)
+        return self
+
+    def gpu_ram_share(self, share: float) -> ClusterBuilder:
+        self._gpu_ram_share = share
+        return self
+
+    def to_data(self) -> dict[str, Any]:
+        """The document a file would hold: ``{"cluster": {...}}``."""
+        if self._controller is None:
+            raise ConfigError(
+                [Problem(("cluster", "controller"), "is required", "call .controller(host=...) first")]
+            )
+        controller = dict(self._controller)
+        if self._join:
+            controller["join"] = {**controller.get("join", {}), **self._join}
+        cluster: dict[str, Any] = {"controller": controller, "workers": list(self._workers)}
+        if self._env:
+            cluster["env"] = dict(self._env)
+        if self._gpu_ram_share is not None:
+            cluster["gpu_ram_share"] = self._gpu_ram_share
+        return {"cluster": cluster}
+
+    def build(self) -> Cluster:
+        config: FdlConfig = validate_data(self.to_data())
+        assert config.cluster is not None  # to_data always writes one
+        return config.cluster
