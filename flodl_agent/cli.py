@@ -95,16 +95,20 @@ def _summary(config: FdlConfig) -> str:
     return ", ".join(parts) or "nothing configured"
 
 
-def _redacted(data: dict[str, Any]) -> dict[str, Any]:
+def _redacted(config: FdlConfig) -> dict[str, Any]:
     """Secrets never reach a terminal or a log: show that a token is set, not what it is."""
-    for block in (data.get("cluster", {}).get("controller", {}).get("join", {}), data.get("join")):
-        if isinstance(block, dict) and block.get("token"):
+    data = config.model_dump(mode="json", by_alias=True)
+    blocks = [data["join"]]
+    if config.cluster is not None:
+        blocks.append(data["cluster"]["controller"]["join"])
+    for block in blocks:
+        if block and block.get("token"):
             block["token"] = "<redacted>"
     return data
 
 
 def _show_payload(config: FdlConfig) -> dict[str, Any]:
-    payload: dict[str, Any] = {"config": _redacted(config.model_dump(mode="json", by_alias=True))}
+    payload: dict[str, Any] = {"config": _redacted(config)}
     cluster = config.cluster
     if cluster is not None:
         starts = {r.host: (r.start, r.stop) for r in known_ranks(cluster)}

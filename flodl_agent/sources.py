@@ -53,13 +53,17 @@ class SourceSpec:
             return None
         return f"{self.user}@{self.host}" if self.user else self.host
 
+    def _host_port(self) -> str:
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{host}" + (f":{self.port}" if self.port is not None else "")
+
     def __str__(self) -> str:
         if self.scheme == "file":
             return f"file://{self.path}"
         if self.scheme in ("rsync", "sshfs"):
-            port = f":{self.port}" if self.port is not None else ""
-            return f"{self.scheme}://{self.ssh_destination}{port}:{self.path}"
-        return f"{self.scheme}://{self.url}#{self.ref}"
+            return f"{self.scheme}://{self._host_port()}:{self.path}"
+        return f"git+{self.url}#{self.ref}"
 
 
 def _absolute(path: str, spec: str) -> str:

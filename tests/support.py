@@ -18,5 +18,3 @@ def problems_of(text: str, name: str = "fdl.cluster.yml") -> list[Problem]:
 
 def load(text: str) -> FdlConfig:
     return validate_document(parse_yaml(textwrap.dedent(text), "fdl.cluster.yml"))
-
-

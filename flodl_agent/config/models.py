@@ -42,6 +42,7 @@ RANK_IDENTITY = frozenset(
 )
 RESERVED_PREFIX = "FLODL_INTERNAL_"
 
+
 def _check(rules: list[Rule]) -> None:
     if rules:
         raise fail(*rules)

@@ -117,18 +117,19 @@ class _Converter:
         return out
 
 
+def _too_large(name: str) -> ConfigError:
+    return ConfigError(
+        [Problem((), f"file is larger than {MAX_BYTES // 1024} KiB", "is this the right file?", file=name)]
+    )
+
+
 def parse_yaml(text: str, name: str) -> Document:
     """Parse one YAML document; every failure is a :class:`ConfigError`."""
-    if len(text.encode("utf-8", "surrogateescape")) > MAX_BYTES:
-        raise ConfigError(
-            [
-                Problem(
-                    (), f"file is larger than {MAX_BYTES // 1024} KiB", "is this the right file?", file=name
-                )
-            ]
-        )
-    loader = yaml.SafeLoader(text)
+    if len(text) > MAX_BYTES:  # counted in characters: close enough, and cheap
+        raise _too_large(name)
+    loader: yaml.SafeLoader | None = None
     try:
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         if node is None:
             return Document(None, {(): Mark(name, 1)})
@@ -145,13 +146,15 @@ def parse_yaml(text: str, name: str) -> Document:
     except yaml.YAMLError as exc:
         raise ConfigError([Problem((), f"not valid YAML: {exc}", None, file=name)]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml(path: Path) -> Document:
     name = str(path)
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)  # never slurp a huge file to refuse it
     except FileNotFoundError:
         raise ConfigError([Problem((), "no such file", "check the path", file=name)]) from None
     except IsADirectoryError:
@@ -160,6 +163,8 @@ def read_yaml(path: Path) -> Document:
         ) from None
     except OSError as exc:
         raise ConfigError([Problem((), f"cannot read: {exc.strerror}", None, file=name)]) from None
+    if len(raw) > MAX_BYTES:
+        raise _too_large(name)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -149,13 +149,14 @@ def validate_document(doc: Document, root: type[FdlConfig] = FdlConfig) -> FdlCo
 
 # --- warnings ----------------------------------------------------------------
 
-_UNPINNED = ("stricthostkeychecking=no", "userknownhostsfile=/dev/null")
+_UNPINNED = {("stricthostkeychecking", "no"), ("userknownhostsfile", "/dev/null")}
 
 
 def _ssh_warnings(loc: Loc, options: list[str]) -> Iterator[Problem]:
     for i, option in enumerate(options):
-        flat = "".join(option.split()).replace(" ", "=").lower()
-        if any(flat.startswith(u) for u in _UNPINNED):
+        # ssh -o takes `Name=value` and `Name value`; names are case-insensitive
+        name, _, value = option.replace("=", " ", 1).partition(" ")
+        if (name.lower(), value.strip().lower()) in _UNPINNED:
             yield Problem(
                 (*loc, i),
                 f"`{option}` turns off host key pinning",

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from flodl_agent.config import ConfigError, validate_data
+from flodl_agent.config import ConfigError, Problem, validate_data, warnings_for
 from tests.support import load, problems_of
 
 
-def only(problems, path):  # type: ignore[no-untyped-def]
+def only(problems: list[Problem], path: str) -> Problem:
     found = [p for p in problems if p.path == path]
     assert found, f"no problem at {path}; got {[p.path for p in problems]}"
     return found[0]
@@ -63,10 +63,7 @@ def test_reserved_env_keys_are_refused(key: str, scope: str) -> None:
         path = f"cluster.env.{key}"
         line = 5
     else:
-        text = (
-            "cluster:\n  controller: {host: h}\n  workers:\n  - host: a\n"
-            f"    env:\n      {key}: '1'\n"
-        )
+        text = f"cluster:\n  controller: {{host: h}}\n  workers:\n  - host: a\n    env:\n      {key}: '1'\n"
         path = f"cluster.workers[0].env.{key}"
         line = 6
     p = only(problems_of(text), path)
@@ -107,10 +104,13 @@ def test_numeric_env_values_become_strings_but_booleans_are_refused() -> None:
     assert "expected a string" in p.message
 
 
-JOIN = "cluster:\n  controller:\n    host: h\n    join:\n{knobs}  workers: [{{host: a, local_devices: [0, 1, 2, 3]}}]\n"
+JOIN = (
+    "cluster:\n  controller:\n    host: h\n    join:\n{knobs}"
+    "  workers: [{{host: a, local_devices: [0, 1, 2, 3]}}]\n"
+)
 
 
-def join_problems(**knobs: object) -> list:  # type: ignore[type-arg]
+def join_problems(**knobs: object) -> list[Problem]:
     lines = "".join(f"      {k}: {v}\n" for k, v in knobs.items())
     return problems_of(JOIN.format(knobs=lines))
 
@@ -161,15 +161,19 @@ def test_token_is_normalized_to_lowercase() -> None:
 
 
 def test_did_you_mean_suggests_the_closest_key(two_workers: str) -> None:
-    p = only(problems_of(two_workers.replace("local_devices: cpu:2", "local_device: cpu:2")),
-             "cluster.workers[1].local_device")
+    p = only(
+        problems_of(two_workers.replace("local_devices: cpu:2", "local_device: cpu:2")),
+        "cluster.workers[1].local_device",
+    )
     assert p.message == "unknown key `local_device`" and p.hint == "did you mean `local_devices`?"
     assert p.line == 9
 
 
 def test_unknown_key_without_a_close_match_lists_the_allowed_keys() -> None:
-    p = only(problems_of("cluster:\n  controller: {host: h, zebra: 1}\n  workers: [{host: a}]\n"),
-             "cluster.controller.zebra")
+    p = only(
+        problems_of("cluster:\n  controller: {host: h, zebra: 1}\n  workers: [{host: a}]\n"),
+        "cluster.controller.zebra",
+    )
     assert p.hint is not None and p.hint.startswith("allowed keys here: host, port, path")
 
 
@@ -195,7 +199,9 @@ def test_legacy_keys_are_reported_as_stale(where: str, key: str, replacement: st
 
 
 def test_gpu_ram_share_must_be_positive_and_may_exceed_one() -> None:
-    base = "cluster:\n  controller: {host: h}\n  gpu_ram_share: %s\n  workers: [{host: a, gpu_ram_share: %s}]\n"
+    base = (
+        "cluster:\n  controller: {host: h}\n  gpu_ram_share: %s\n  workers: [{host: a, gpu_ram_share: %s}]\n"
+    )
     assert problems_of(base % (0.5, 1.25)) == []
     assert problems_of(base % (1, 2)) == []  # whole numbers are numbers too
     problems = problems_of(base % (0, -0.5))
@@ -227,8 +233,12 @@ def test_empty_roster_needs_discovery() -> None:
     ],
 )
 def test_bad_device_offers(devices: str, fragment: str) -> None:
-    p = only(problems_of(f"cluster:\n  controller: {{host: h}}\n  workers: [{{host: a, local_devices: {devices}}}]\n"),
-             "cluster.workers[0].local_devices")
+    p = only(
+        problems_of(
+            f"cluster:\n  controller: {{host: h}}\n  workers: [{{host: a, local_devices: {devices}}}]\n"
+        ),
+        "cluster.workers[0].local_devices",
+    )
     assert fragment in p.message
 
 
@@ -252,22 +262,31 @@ def test_controller_field_checks(field: str, value: str, fragment: str) -> None:
 
 
 def test_missing_required_field_names_the_fix() -> None:
-    p = only(problems_of("cluster:\n  controller: {port: 1}\n  workers: [{host: a}]\n"), "cluster.controller.host")
+    p = only(
+        problems_of("cluster:\n  controller: {port: 1}\n  workers: [{host: a}]\n"), "cluster.controller.host"
+    )
     assert p.message == "is required" and p.hint is not None and p.hint.startswith("add `host:`")
     assert p.line == 2
 
 
-@pytest.mark.parametrize(
-    "ifname", ["eth0", "enp1s0", "^lo,docker0", "=eth0", "eth0,eth1", "bond0.100"]
-)
+@pytest.mark.parametrize("ifname", ["eth0", "enp1s0", "^lo,docker0", "=eth0", "eth0,eth1", "bond0.100"])
 def test_nccl_interface_spellings(ifname: str) -> None:
-    assert problems_of(f"cluster:\n  controller: {{host: h}}\n  workers: [{{host: a, nccl_socket_ifname: '{ifname}'}}]\n") == []
+    assert (
+        problems_of(
+            f"cluster:\n  controller: {{host: h}}\n  workers: [{{host: a, nccl_socket_ifname: '{ifname}'}}]\n"
+        )
+        == []
+    )
 
 
 @pytest.mark.parametrize("ifname", ["", "eth 0", "waytoolonginterfacename", "^"])
 def test_bad_nccl_interface_names(ifname: str) -> None:
-    p = only(problems_of(f"cluster:\n  controller: {{host: h}}\n  workers: [{{host: a, nccl_socket_ifname: '{ifname}'}}]\n"),
-             "cluster.workers[0].nccl_socket_ifname")
+    p = only(
+        problems_of(
+            f"cluster:\n  controller: {{host: h}}\n  workers: [{{host: a, nccl_socket_ifname: '{ifname}'}}]\n"
+        ),
+        "cluster.workers[0].nccl_socket_ifname",
+    )
     assert "not a network interface name" in p.message
 
 
@@ -285,8 +304,10 @@ def test_ssh_block_and_options() -> None:
     assert config.cluster is not None
     ssh = config.cluster.workers[0].ssh
     assert ssh is not None and ssh.port == 2222 and ssh.options[1] == "ServerAliveInterval 15"
-    p = only(problems_of("cluster:\n  controller: {host: h}\n  workers: [{host: a, ssh: {options: ['-v']}}]\n"),
-             "cluster.workers[0].ssh.options[0]")
+    p = only(
+        problems_of("cluster:\n  controller: {host: h}\n  workers: [{host: a, ssh: {options: ['-v']}}]\n"),
+        "cluster.workers[0].ssh.options[0]",
+    )
     assert "not an ssh option" in p.message
 
 
@@ -303,3 +324,29 @@ def test_several_problems_are_reported_in_one_pass(two_workers: str) -> None:
         "cluster.controller.port",
         "cluster.workers[1].local_devices",
     }
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        "StrictHostKeyChecking=no",
+        "StrictHostKeyChecking no",
+        "stricthostkeychecking=No",
+        "UserKnownHostsFile=/dev/null",
+    ],
+)
+def test_disabling_host_key_pinning_is_warned_about_in_every_spelling(option: str) -> None:
+    config = load(
+        f"cluster:\n  controller: {{host: h}}\n  workers: [{{host: a, ssh: {{options: ['{option}']}}}}]\n"
+    )
+    (warning,) = warnings_for(config)
+    assert warning.path == "cluster.workers[0].ssh.options[0]" and "host key pinning" in warning.message
+    assert (
+        warnings_for(
+            load(
+                "cluster:\n  controller: {host: h}\n  workers: [{host: a, ssh: {options: "
+                "['StrictHostKeyChecking=yes']}}]\n"
+            )
+        )
+        == []
+    )

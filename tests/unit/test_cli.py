@@ -1,0 +1,177 @@
+"""The fdl command line: exit codes, streams, --json, and no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from flodl_agent import __version__, cli
+
+DATA = Path(__file__).parent.parent / "data"
+SEED = DATA / "seed-000.fdl.cluster.yml"
+
+
+def run(*args: str) -> click.testing.Result:
+    return CliRunner().invoke(cli.cli, list(args), catch_exceptions=False)
+
+
+def all_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [prefix]
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += all_commands(command, (*prefix, name))
+        else:
+            found.append((*prefix, name))
+    return found
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+@pytest.mark.parametrize("command", all_commands(cli.cli), ids=" ".join)
+def test_every_command_has_help(command: tuple[str, ...]) -> None:
+    result = run(*command, "--help")
+    assert result.exit_code == 0 and "Usage: " in result.output
+
+
+def test_check_valid_file_with_a_warning_on_stderr() -> None:
+    result = run("config", "check", str(SEED))
+    assert result.exit_code == 0
+    assert result.stdout.startswith("ok: ") and "2 workers" in result.stdout
+    assert "warning: cluster.workers[1].ssh.options[1]" in result.stderr
+    assert f"{SEED}:32:" in result.stderr
+
+
+def test_check_invalid_file_exits_1_naming_field_line_and_fix(tmp_path: Path) -> None:
+    bad = tmp_path / "fdl.cluster.yml"
+    bad.write_text(SEED.read_text().replace("nccl_socket_ifname: enp1s0", "nccl_socket_ifnam: enp1s0"))
+    result = run("config", "check", str(bad))
+    assert result.exit_code == 1 and result.stdout == ""
+    assert f"{bad}:35: error: cluster.workers[1].nccl_socket_ifnam: unknown key" in result.stderr
+    assert "fix: did you mean `nccl_socket_ifname`?" in result.stderr
+
+
+def test_check_json(tmp_path: Path) -> None:
+    ok = json.loads(run("config", "check", "--json", str(SEED)).stdout)
+    assert ok["valid"] is True and ok["errors"] == [] and ok["warnings"][0]["line"] == 32
+    bad = tmp_path / "bad.yml"
+    bad.write_text("cluster:\n  controller: {host: h, port: 0}\n  workers: [{host: a}]\n")
+    result = run("config", "check", "--json", str(bad))
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["valid"] is False
+    (error,) = report["errors"]
+    assert (error["path"], error["line"], error["file"]) == ("cluster.controller.port", 2, str(bad))
+
+
+def test_check_with_base_overlays(tmp_path: Path) -> None:
+    base = tmp_path / "fdl.yml"
+    base.write_text("cluster:\n  env: {NCCL_DEBUG: INFO}\n")
+    top = tmp_path / "fdl.cluster.yml"
+    top.write_text("cluster:\n  controller: {host: h}\n  workers: [{host: a}]\n")
+    result = run("config", "show", "--json", "--base", str(base), str(top))
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["config"]["cluster"]["env"] == {"NCCL_DEBUG": "INFO"}
+
+
+def test_show_json_has_capacity_ranks_and_window_and_hides_the_token(tmp_path: Path) -> None:
+    f = tmp_path / "c.yml"
+    f.write_text(
+        "cluster:\n  controller:\n    host: h\n"
+        "    join: {token: 0123456789abcdef0123456789abcdef, min_rank_start: 2}\n"
+        "  workers:\n    - {host: a, local_devices: [0, 1], nccl_socket_ifname: eth0}\n"
+        "    - {host: b, local_devices: cpu:3, nccl_socket_ifname: eth0}\n"
+    )
+    result = run("config", "show", "--json", str(f))
+    assert result.exit_code == 0
+    shown = json.loads(result.stdout)
+    assert shown["capacity"] == 5
+    assert [(w["host"], w["ranks"]) for w in shown["workers"]] == [("a", [0, 2]), ("b", [2, 5])]
+    assert shown["window"] == {
+        "quorum": 2,
+        "target": 5,
+        "join_timeout": 300,
+        "max_join_timeout": 600,
+        "start": "auto",
+    }
+    assert shown["config"]["cluster"]["controller"]["join"]["token"] == "<redacted>"
+    assert "0123456789abcdef" not in result.output
+    table = run("config", "show", str(f))
+    assert table.exit_code == 0 and "[2..5)" in table.stdout and "0123456789abcdef" not in table.output
+
+
+def test_schema_is_json_schema_that_accepts_the_examples_and_rejects_typos() -> None:
+    schema = json.loads(run("config", "schema").stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in (SEED, DATA / "seed-000.fdl.yml"):
+        assert list(validator.iter_errors(yaml.safe_load(path.read_text()))) == []
+    typo = yaml.safe_load(SEED.read_text().replace("local_devices: all", "local_device: all"))
+    assert any("local_device" in e.message for e in validator.iter_errors(typo))
+    bad_devices = {
+        "cluster": {"controller": {"host": "h"}, "workers": [{"host": "a", "local_devices": "gpu"}]}
+    }
+    assert list(validator.iter_errors(bad_devices))
+
+
+@pytest.mark.parametrize("name", ["lab", "reference"])
+def test_examples_print_files_that_check(tmp_path: Path, name: str) -> None:
+    f = tmp_path / f"{name}.yml"
+    f.write_text(run("config", "example", name).stdout)
+    result = run("config", "check", str(f))
+    assert result.exit_code == 0 and result.stderr == ""
+
+
+def test_unexpected_errors_are_reported_not_dumped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def explode(*_: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "load_config", explode)
+    monkeypatch.setattr(sys, "argv", ["fdl", "config", "check", str(SEED)])
+    monkeypatch.delenv("FDL_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 70
+    captured = capsys.readouterr()
+    assert "internal error: RuntimeError: boom" in captured.err and "Traceback" not in captured.err
+
+
+@pytest.mark.skipif(shutil.which("fdl") is None, reason="console script not on PATH")
+@pytest.mark.parametrize(
+    ("content", "code"),
+    [(b"cluster: [", 1), (b"\xff\xfe", 1), (b"- a\n- b\n", 1), (b"cluster:\n  controller: 7\n", 1)],
+)
+def test_installed_console_script_never_prints_a_traceback(tmp_path: Path, content: bytes, code: int) -> None:
+    f = tmp_path / "f.yml"
+    f.write_bytes(content)
+    proc = subprocess.run(["fdl", "config", "check", str(f)], capture_output=True, text=True, check=False)
+    assert proc.returncode == code
+    assert "Traceback" not in proc.stderr and "error:" in proc.stderr
+
+
+def test_usage_errors_exit_2() -> None:
+    result = CliRunner().invoke(cli.cli, ["config", "check"])
+    assert result.exit_code == 2 and "Missing argument 'FILE'" in result.output
+
+
+def test_show_without_a_cluster_block_prints_the_blocks(tmp_path: Path) -> None:
+    f = tmp_path / "fdl.yml"
+    f.write_text("join:\n  persist: true\n  token: 0123456789abcdef0123456789abcdef\n")
+    for args in ((), ("--json",)):
+        result = run("config", "show", *args, str(f))
+        assert result.exit_code == 0, result.output
+        assert '"persist": true' in result.stdout and "<redacted>" in result.stdout
+        assert "0123456789abcdef" not in result.output
