@@ -6,20 +6,42 @@ Thin shell: parse flags, call the pure cores, print with rich. Exit codes:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import secrets
+import socket
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-from rich.console import Console
+from pydantic_core import PydanticCustomError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .config import ConfigError, FdlConfig, Loaded, Problem, load_config
+from .agent import AgentOptions, split_address
+from .agent import join as run_join
+from .config import (
+    ConfigError,
+    DeviceOffer,
+    FdlConfig,
+    Join,
+    Loaded,
+    Problem,
+    Ssh,
+    load_config,
+    parse_devices,
+)
+from .controller import BindError, Controller, Settings
 from .ranks import known_ranks, plan_window
+from .status import Unreachable, read_token, render, request, resolve_addr
+from .window import WindowConfig
 
 EXAMPLES = ("lab", "reference")
 
@@ -188,6 +210,295 @@ def config_example(name: str) -> None:
     """Print an example cluster file: `reference` (every field) or `lab` (the lab fleet)."""
     text = resources.files("flodl_agent").joinpath(f"examples/{name}.fdl.cluster.yml").read_text()
     click.echo(text, nl=False)
+
+
+def _log(line: str) -> None:
+    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(line)}")
+
+
+def _token_or_exit(option: str | None) -> str | None:
+    try:
+        return read_token(option)
+    except ValueError as exc:
+        err.print(f"fdl: {exc}", style="red", markup=False)
+        raise SystemExit(2) from None
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=Path("fdl.cluster.yml"),
+    show_default=True,
+    help="Cluster file to launch.",
+)
+@base_opt
+@click.option("--bind", help="Bind address (default: cluster.controller.host).")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), help="Port (default: cluster.controller.port; 0 picks one)."
+)
+@click.option(
+    "--plane",
+    type=click.Choice(["cpu", "nccl"]),
+    default="cpu",
+    show_default=True,
+    help="Data plane the run uses; nccl refuses CPU offers and mixed GPU vendors.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def launch(
+    config_file: Path,
+    base: Path | None,
+    bind: str | None,
+    port: int | None,
+    plane: str,
+    command: tuple[str, ...],
+) -> None:
+    """Open the join window and run COMMAND on every admitted rank.
+
+    COMMAND (after --) is the run's entry point and arguments, stated once here
+    and sent to every agent. Exit 0 when the run is done, 1 when it failed.
+    """
+    loaded = _load(config_file, base, False)
+    _print_problems(loaded.warnings)
+    cluster = loaded.config.cluster
+    if cluster is None:
+        err.print(f"fdl: {config_file} has no cluster: block to launch", style="red", markup=False)
+        raise SystemExit(1)
+    plan = plan_window(cluster.controller.join, cluster.capacity)
+    try:
+        window = WindowConfig.from_plan(plan, discovery=cluster.controller.join.discovery)
+    except ValueError as exc:
+        err.print(f"fdl: {exc}", style="red", markup=False)
+        err.print(
+            "    fix: list devices explicitly, or set cluster.controller.join.min_rank_start",
+            style="red",
+            markup=False,
+        )
+        raise SystemExit(1) from None
+    join_knobs = cluster.controller.join
+    settings = Settings(
+        window=window,
+        command=list(command),
+        bind=bind or cluster.controller.host,
+        port=cluster.controller.port if port is None else port,
+        token=join_knobs.token,
+        open_admission=join_knobs.open_admission,
+        plane="nccl" if plane == "nccl" else "cpu",
+        env=dict(cluster.env),
+        run=secrets.token_hex(4),
+    )
+    controller = Controller(settings, log=_log)
+    if controller.open and join_knobs.open_admission:
+        err.print(
+            "WARNING: open_admission on a network bind: any peer that reaches this port can join "
+            "and influence the run",
+            style="bold red",
+            markup=False,
+        )
+
+    async def main() -> int:
+        try:
+            await controller.start()
+        except BindError as exc:
+            err.print(f"fdl launch: {exc}", style="red", markup=False)
+            err.print(
+                "    fix: another controller may hold the port; pick one with --port",
+                style="red",
+                markup=False,
+            )
+            return 1
+        mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
+        _log(
+            f"join window open on {settings.bind}:{controller.port} (run {settings.run}, admission {mode}); "
+            f"quorum {window.quorum}, target {window.target}, start {window.start}"
+        )
+        try:
+            await controller.finished.wait()
+        finally:
+            await controller.close()
+        return controller.exit_code
+
+    raise SystemExit(asyncio.run(main()))
+
+
+@cli.command(name="join", context_settings={"ignore_unknown_options": True})
+@click.argument("address", required=False)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fdl.yml whose join: block supplies the defaults (default: ./fdl.yml if present).",
+)
+@click.option(
+    "--token", "token_opt", metavar="-", help="`-` reads the run's join.token from stdin (or set FDL_TOKEN)."
+)
+@click.option("--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward.")
+@click.option("--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
+@click.option("--host", "host_name", help="This box's name in the roster (default: hostname).")
+@click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N (default: every GPU).")
+@click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
+@click.option("--bin", "entry", help="Local path of the run's entry point on this box.")
+@click.option("--backoff", type=click.FloatRange(0.1, 60), default=5.0, hidden=True)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def join_cmd(
+    address: str | None,
+    config_file: Path | None,
+    token_opt: str | None,
+    ssh_dest: str | None,
+    identity: Path | None,
+    host_name: str | None,
+    devices: str | None,
+    persist: bool | None,
+    entry: str | None,
+    backoff: float,
+    args: tuple[str, ...],
+) -> None:
+    """Walk into a join window at ADDRESS (host:port) and run this box's ranks.
+
+    Every flag defaults from the join: block of fdl.yml. Exit 0 clean, 1
+    transient (re-dial), 2 permanent.
+    """
+    block = _join_block(config_file)
+    spec = _agent_spec()
+    token = _token_or_exit(token_opt) or block.token
+    ssh = block.ssh
+    if ssh_dest:
+        user, _, rest = ssh_dest.rpartition("@")
+        target, port_text = split_address(rest, 22)
+        ssh = Ssh(
+            target=target,
+            port=port_text if ":" in rest else None,
+            user=user or None,
+            identity_file=str(identity) if identity else None,
+        )
+    elif identity and ssh is not None:
+        ssh = ssh.model_copy(update={"identity_file": str(identity)})
+    default_addr = "127.0.0.1:1337" if ssh is not None else None
+    addr = address or spec.get("controller") or block.controller or default_addr
+    if addr is None:
+        err.print("fdl join: no controller address", style="red", markup=False)
+        err.print(
+            "    fix: pass HOST:PORT, set join.controller in fdl.yml, or use --ssh", style="red", markup=False
+        )
+        raise SystemExit(2)
+    try:
+        offer = parse_devices(devices) if devices else (block.devices or DeviceOffer("all"))
+    except PydanticCustomError as exc:
+        err.print(f"fdl join: --devices: {exc}", style="red", markup=False)
+        raise SystemExit(2) from None
+    if args and list(args) != block.args:
+        _log("note: the run's arguments come from the controller; local arguments are ignored")
+    host, port = split_address(addr)
+    options = AgentOptions(
+        controller_host=host,
+        controller_port=port,
+        key=bytes.fromhex(token) if token else spec.get("key"),
+        host=host_name or spec.get("host") or block.host or socket.gethostname(),
+        devices=offer,
+        bin=entry or block.bin,
+        ssh=ssh,
+        data_path=block.data_path or "",
+        env=dict(block.env),
+    )
+    keep = block.persist if persist is None else persist
+    raise SystemExit(asyncio.run(run_join(options, persist=keep, log=_log, backoff_start=backoff)))
+
+
+def _join_block(config_file: Path | None) -> Join:
+    path = config_file or (Path("fdl.yml") if Path("fdl.yml").is_file() else None)
+    if path is None:
+        return Join()
+    loaded = _load(path, None, False)
+    return loaded.config.join or Join()
+
+
+def _agent_spec() -> dict[str, Any]:
+    """FLODL_INTERNAL_AGENT_JSON: a hex-encoded JSON spec for self-deployed agents."""
+    raw = os.environ.get("FLODL_INTERNAL_AGENT_JSON")
+    if not raw:
+        return {}
+    try:
+        spec = json.loads(bytes.fromhex(raw))
+        out: dict[str, Any] = {"host": spec.get("host")}
+        if spec.get("controller_host"):
+            out["controller"] = f"{spec['controller_host']}:{spec.get('controller_port', 1337)}"
+        if spec.get("key"):
+            out["key"] = bytes.fromhex(spec["key"])
+        return out
+    except (ValueError, AttributeError, TypeError):
+        err.print(
+            "fdl join: FLODL_INTERNAL_AGENT_JSON is not a hex-encoded JSON object", style="red", markup=False
+        )
+        raise SystemExit(2) from None
+
+
+addr_opt = click.option(
+    "--addr", help="Controller address host:port (default: ./fdl.cluster.yml, else 127.0.0.1:1337)."
+)
+
+
+@cli.command()
+@addr_opt
+@json_opt
+@click.option("--watch", is_flag=True, help="Refresh every second until the run ends.")
+def status(addr: str | None, as_json: bool, watch: bool) -> None:
+    """Show the controller's phase, countdowns and roster. Exit 1 when nobody answers."""
+    target, note = resolve_addr(addr, Path.cwd())
+    if note and not as_json:
+        err.print(f"note: {note}", style="dim", markup=False)
+
+    def fetch() -> dict[str, Any]:
+        try:
+            return request(target, "GET", "/state.json").body
+        except Unreachable as exc:
+            err.print(f"fdl status: {exc}", style="red", markup=False)
+            raise SystemExit(1) from None
+
+    state = fetch()
+    if as_json:
+        _emit_json(state)
+        return
+    if not watch:
+        for part in render(state):
+            out.print(part)
+        return
+    with Live(Group(*render(state)), console=out, refresh_per_second=4) as live:
+        while state.get("phase") not in ("done", "failed"):
+            time.sleep(1.0)  # the refresh interval of a watch display
+            try:
+                state = request(target, "GET", "/state.json").body
+            except Unreachable:
+                break
+            live.update(Group(*render(state)))
+
+
+@cli.command()
+@addr_opt
+@click.option(
+    "--token",
+    "token_opt",
+    metavar="-",
+    help="`-` reads the run's join.token from stdin (or set FDL_TOKEN); not needed on the controller host.",
+)
+def start(addr: str | None, token_opt: str | None) -> None:
+    """Fire a manual or hybrid window's start. Exit 0 armed, 1 refused."""
+    target, note = resolve_addr(addr, Path.cwd())
+    if note:
+        err.print(f"note: {note}", style="dim", markup=False)
+    token = _token_or_exit(token_opt)
+    try:
+        reply = request(target, "POST", "/start", form={"token": token} if token else None)
+    except Unreachable as exc:
+        err.print(f"fdl start: {exc}", style="red", markup=False)
+        raise SystemExit(1) from None
+    if reply.status in (200, 202):
+        out.print(f"armed: {reply.body.get('reason', 'start accepted')}", markup=False)
+        return
+    err.print(
+        f"refused ({reply.status}): {reply.body.get('error', 'no reason given')}", style="red", markup=False
+    )
+    raise SystemExit(1)
 
 
 def _internal_error(exc: BaseException) -> NoReturn:

@@ -1,0 +1,134 @@
+"""Admission: is this hello welcome in this cohort? (pure)
+
+The cohort's references (vendor, run identity, NCCL version, model and
+dataset signatures) are read off the members admitted so far, so a member
+leaving before formation takes its vote with it. Every refusal condemns only
+the dial that caused it, names the cause and the fix, and says whether
+re-dialling can help (transient) or not (permanent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .messages import Hello, Plane
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str
+    fix: str
+    permanent: bool = False
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _first(members: Sequence[Hello], attr: str) -> tuple[Hello, str] | None:
+    for member in members:
+        value = getattr(member, attr)
+        if value:
+            return member, value
+    return None
+
+
+def check(members: Sequence[Hello], hello: Hello, plane: Plane) -> Refusal | None:
+    """``None`` when ``hello`` may join ``members``; otherwise why not."""
+    if not hello.host.strip():
+        return Refusal("the hello names no host", "give the box a name with --host NAME", permanent=True)
+    if not hello.devices:
+        return Refusal(
+            "the box offers no device",
+            "check that its GPUs are visible (fdl probe), or offer CPU ranks with --devices cpu:N",
+            permanent=True,
+        )
+    seen: set[str] = set()
+    for device in hello.devices:
+        if device in seen:
+            return Refusal(f"device {device} is offered twice", "list each device once in --devices", True)
+        seen.add(device)
+    if any(m.host == hello.host for m in members):
+        return Refusal(
+            f"host {hello.host} already joined this run",
+            "a stale worker from a previous launch still holds the name, or two boxes share a "
+            "hostname; --host renames a walk-in",
+        )
+    if plane == "nccl":
+        if hello.vendor == "cpu":
+            return Refusal(
+                "CPU devices cannot join an NCCL data plane",
+                "offer GPUs, or run the job in a CPU mode (gloo or a cpu_* ElChe mode)",
+                permanent=True,
+            )
+        ref = _first(members, "vendor")
+        if ref is not None and ref[1] != hello.vendor:
+            return Refusal(
+                f"GPU vendor mismatch: this box is {hello.vendor} ({hello.variant}), the cohort is "
+                f"{ref[1]} ({ref[0].variant}, first joined by {ref[0].host})",
+                "a CUDA box and a ROCm box cannot share an NCCL/RCCL data plane; use a CPU ElChe mode "
+                "(which mixes vendors legally) or a one-vendor fleet",
+                permanent=True,
+            )
+        ref = _first(members, "nccl")
+        if ref is not None and hello.nccl and _major_minor(ref[1]) != _major_minor(hello.nccl):
+            return Refusal(
+                f"NCCL version skew: this box loads NCCL {hello.nccl}, the cohort {ref[1]} "
+                f"(from {ref[0].host})",
+                "align the torch variants so every box loads the same NCCL major.minor, or pin "
+                "one nvidia-nccl wheel across the fleet",
+                permanent=True,
+            )
+    if members and members[0].run_id != hello.run_id:
+        return Refusal(
+            f"run identity mismatch: this box holds run {hello.run_id or '(none)'}, the cohort "
+            f"{members[0].run_id or '(none)'}",
+            "a publish landed between two boxes' fetches; nothing to fix: the stale side picks the "
+            "new run up on its next dial",
+        )
+    ref = _first(members, "model_sig")
+    if ref is not None and hello.model_sig and ref[1] != hello.model_sig:
+        return Refusal(
+            f"model mismatch: the model this box builds differs from the cohort's (first "
+            f"signed by {ref[0].host})",
+            "this box runs different model code: a stale source tree, a wrong --bin, or different "
+            "arguments; fix it and --persist re-dials",
+        )
+    ref = _first(members, "dataset_sig")
+    if ref is not None and hello.dataset_sig and ref[1] != hello.dataset_sig:
+        return Refusal(
+            f"dataset mismatch: this box's data root differs from the cohort's (first signed "
+            f"by {ref[0].host})",
+            "sync the data root (or mount the shared one read-only with join.data_source)",
+        )
+    return None
+
+
+@dataclass
+class DialGuard:
+    """Per-peer rate limit for bad dials, so a flood cannot starve or fail a run.
+
+    Each peer may spend ``burst`` bad dials, refilled at ``rate`` per second;
+    a peer out of budget is cut off at the preamble. Good dials cost nothing.
+    """
+
+    burst: float = 20.0
+    rate: float = 2.0
+    max_peers: int = 10_000
+    _budget: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def _level(self, peer: str, now: float) -> float:
+        level, at = self._budget.get(peer, (self.burst, now))
+        return min(self.burst, level + (now - at) * self.rate)
+
+    def allow(self, peer: str, now: float) -> bool:
+        return self._level(peer, now) >= 1.0
+
+    def penalize(self, peer: str, now: float) -> None:
+        if len(self._budget) >= self.max_peers and peer not in self._budget:
+            # Forget the peers that have refilled completely: they cost nothing to re-learn.
+            full = [p for p in self._budget if self._level(p, now) >= self.burst]
+            for p in full:
+                del self._budget[p]
+        self._budget[peer] = (self._level(peer, now) - 1.0, now)

@@ -1,0 +1,475 @@
+"""The agent: a box walking into a join window and running its ranks.
+
+``fdl join`` is a loop around one attempt: prepare the box, dial (direct, or
+through an ``ssh -N -L`` forward to the controller box), hello, wait for the
+world, spawn one rank per offered device, report exits, and leave. Exit codes
+say what the caller should do: 0 clean, 1 transient (re-dial), 2 permanent
+(stop; the systemd unit pairs it with RestartPreventExitStatus=2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import wire
+from .config.devices import DeviceOffer
+from .config.models import Ssh
+from .messages import Abort, Accept, BadMessage, Challenge, Hello, Reject, WorldFormed
+from .messages import parse as parse_message
+
+CLEAN, TRANSIENT, PERMANENT = 0, 1, 2
+DIAL_TIMEOUT = 10.0
+TUNNEL_TIMEOUT = 20.0
+KILL_GRACE = 5.0
+
+BACKOFF_START = 5.0
+BACKOFF_MAX = 60.0
+LONG_ATTEMPT = 120.0
+
+
+class AgentFailure(Exception):
+    def __init__(self, message: str, fix: str = "", code: int = TRANSIENT) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+        self.code = code
+
+
+def next_backoff(previous: float | None, attempt_seconds: float, start: float = BACKOFF_START) -> float:
+    """5 s doubling to 60 s; an attempt that ran long (a real run) resets it."""
+    if previous is None or attempt_seconds >= LONG_ATTEMPT:
+        return start
+    return min(BACKOFF_MAX, previous * 2)
+
+
+@dataclass
+class AgentOptions:
+    controller_host: str = "127.0.0.1"
+    controller_port: int = 1337
+    key: bytes | None = None  # join.token or the fan-out salt; None under open admission
+    host: str = field(default_factory=socket.gethostname)
+    devices: DeviceOffer = field(default_factory=lambda: DeviceOffer("all"))
+    bin: str | None = None  # replaces the entry point with this box's local path
+    ssh: Ssh | None = None
+    data_path: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    model_sig: str = ""
+    dataset_sig: str = ""
+    run_id: str = ""
+
+
+@dataclass(frozen=True)
+class Offer:
+    devices: list[str]
+    labels: list[str]
+    variant: str
+    nccl: str = ""
+
+
+def resolve_offer(offer: DeviceOffer) -> Offer:
+    """The GPU gate: what this box actually offers. Nothing usable is permanent."""
+    if offer.kind == "cpu":
+        return Offer([f"cpu:{i}" for i in range(offer.cpus)], ["cpu"] * offer.cpus, "cpu")
+    try:
+        import torch
+    except ImportError:
+        raise AgentFailure(
+            "no usable GPU: torch is not installed on this box",
+            "install a torch variant, or offer CPU ranks with --devices cpu:N",
+            PERMANENT,
+        ) from None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise AgentFailure(
+            "no usable GPU on this box",
+            "check the driver and device permissions (fdl probe), or offer CPU ranks with --devices cpu:N",
+            PERMANENT,
+        )
+    indices = list(range(count)) if offer.kind == "all" else list(offer.gpus)
+    missing = [i for i in indices if i >= count]
+    if missing:
+        raise AgentFailure(
+            f"GPU {missing[0]} is not on this box ({count} visible)",
+            f"offer devices 0..{count - 1} with --devices",
+            PERMANENT,
+        )
+    hip = getattr(torch.version, "hip", None)
+    variant = (
+        f"rocm{hip.split('.')[0]}.{hip.split('.')[1]}"
+        if hip
+        else f"cu{(torch.version.cuda or '').replace('.', '')}"
+    )
+    nccl = ""
+    with contextlib.suppress(Exception):
+        version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return Offer(
+        [f"cuda:{i}" for i in indices], [torch.cuda.get_device_name(i) for i in indices], variant, nccl
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Tunnel:
+    """``ssh -N -L`` to the controller box; a fresh ephemeral local port per attempt."""
+
+    def __init__(self, ssh: Ssh, remote_host: str, remote_port: int) -> None:
+        self.ssh = ssh
+        self.remote = (remote_host, remote_port)
+        self.local_port = 0
+        self.proc: asyncio.subprocess.Process | None = None
+
+    def argv(self, local_port: int) -> list[str]:
+        assert self.ssh.target is not None
+        argv = [
+            "ssh", "-N",
+            "-o", "BatchMode=yes",  # never a password prompt
+            "-o", "ExitOnForwardFailure=yes",
+            "-o", "ServerAliveInterval=15",
+            "-o", "ServerAliveCountMax=3",
+            "-L", f"127.0.0.1:{local_port}:{self.remote[0]}:{self.remote[1]}",
+        ]  # fmt: skip
+        if self.ssh.port is not None:
+            argv += ["-p", str(self.ssh.port)]
+        if self.ssh.identity_file:
+            argv += ["-i", str(Path(self.ssh.identity_file).expanduser()), "-o", "IdentitiesOnly=yes"]
+        for option in self.ssh.options:
+            argv += ["-o", option]
+        target = f"{self.ssh.user}@{self.ssh.target}" if self.ssh.user else self.ssh.target
+        return [*argv, target]
+
+    async def __aenter__(self) -> Tunnel:
+        if shutil.which("ssh") is None:
+            raise AgentFailure("ssh is not installed", "apt-get install openssh-client", PERMANENT)
+        self.local_port = _free_port()
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv(self.local_port),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        deadline = time.monotonic() + TUNNEL_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.returncode is not None:
+                err = (
+                    (await self.proc.stderr.read()).decode(errors="replace").strip()
+                    if self.proc.stderr
+                    else ""
+                )
+                raise AgentFailure(
+                    f"the ssh tunnel did not come up: {err or 'ssh exited'}",
+                    "check the ssh: block (target, user, identity_file) and the host key",
+                )
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", self.local_port)
+            except OSError:
+                await asyncio.sleep(0.05)  # polling a port that ssh opens when ready; nothing to wait on
+                continue
+            w.close()
+            return self
+        raise AgentFailure("the ssh tunnel did not come up in time", "check that the ssh host is reachable")
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.proc.wait(), 5)
+
+
+class Attempt:
+    """One dial: hello, admission, the formed world, the ranks."""
+
+    def __init__(self, options: AgentOptions, offer: Offer, log: Callable[[str], None]) -> None:
+        self.options = options
+        self.offer = offer
+        self.log = log
+        self.children: list[asyncio.subprocess.Process] = []
+
+    async def _frame(
+        self, reader: asyncio.StreamReader, codec: wire.Codec, timeout: float | None
+    ) -> wire.Frame:
+        while True:
+            frame = codec.next_frame()
+            if frame is not None:
+                return frame
+            data = await asyncio.wait_for(reader.read(65536), timeout)
+            if not data:
+                raise AgentFailure("the controller closed the connection")
+            codec.feed(data)
+
+    async def run(self, dial_host: str, dial_port: int) -> int:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(dial_host, dial_port), DIAL_TIMEOUT
+            )
+        except (OSError, TimeoutError) as exc:
+            raise AgentFailure(
+                f"cannot reach the controller at {dial_host}:{dial_port}: {exc}",
+                "is a window open? --persist re-dials until one is",
+            ) from None
+        try:
+            return await self._session(reader, writer, f"{dial_host}:{dial_port}")
+        except wire.Dropped as exc:
+            raise AgentFailure(f"the controller sent a frame that does not verify ({exc})") from None
+        finally:
+            writer.close()
+            await self._kill_children()
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, road: str) -> int:
+        writer.write(wire.Channel.JOIN.value)
+        own = self.options.key
+        codec = wire.Codec(own or wire.OPEN_KEY)
+        first = await self._frame(reader, codec, DIAL_TIMEOUT) if own is None else None
+        if first is None:
+            # We hold a key; under open admission the challenge is tagged with zeros instead.
+            data = await asyncio.wait_for(reader.read(65536), DIAL_TIMEOUT)
+            for candidate in (own, wire.OPEN_KEY):
+                assert candidate is not None
+                codec = wire.Codec(candidate)
+                codec.feed(data)
+                try:
+                    first = await self._frame(reader, codec, DIAL_TIMEOUT)
+                    break
+                except wire.Dropped:
+                    continue
+            else:
+                raise AgentFailure(
+                    "the controller's challenge does not verify with this box's join key",
+                    "pass the run's join.token (FDL_TOKEN, --token -, or join.token in fdl.yml)",
+                    PERMANENT,
+                )
+        challenge = parse_message(first)
+        if not isinstance(challenge, Challenge):
+            raise AgentFailure("the controller did not open with a challenge")
+        client_nonce = wire.new_nonce()
+        hello = Hello(
+            nonce=challenge.nonce,
+            client_nonce=client_nonce,
+            host=self.options.host,
+            devices=self.offer.devices,
+            device_labels=self.offer.labels,
+            variant=self.offer.variant,
+            nccl=self.offer.nccl,
+            model_sig=self.options.model_sig,
+            dataset_sig=self.options.dataset_sig,
+            run_id=self.options.run_id,
+            data_path=self.options.data_path,
+            pid=os.getpid(),
+        )
+        writer.write(codec.encode(wire.Kind.HELLO, hello.model_dump()))
+        await writer.drain()
+        try:
+            reply = parse_message(await self._frame(reader, codec, DIAL_TIMEOUT))
+        except AgentFailure:
+            raise AgentFailure(
+                "the controller dropped the hello without a reply",
+                "wrong join.token, or this box is rate-limited after bad dials",
+            ) from None
+        if isinstance(reply, Reject):
+            raise AgentFailure(
+                f"refused: {reply.reason}", reply.fix, PERMANENT if reply.permanent else TRANSIENT
+            )
+        if not isinstance(reply, Accept):
+            raise AgentFailure("the controller answered the hello with something other than Accept")
+        key = reply.salt if reply.salt is not None else (own or wire.OPEN_KEY)
+        codec.rekey(wire.connection_key(key, challenge.nonce, client_nonce))
+        first_rank, count = reply.ranks
+        self.log(
+            f"admitted as {self.options.host}: ranks [{first_rank}..{first_rank + count}) (provisional); "
+            "waiting for the world to form"
+        )
+        while True:
+            message = parse_message(await self._frame(reader, codec, None))
+            if isinstance(message, Abort):
+                raise AgentFailure(f"the controller aborted the run: {message.reason}")
+            if isinstance(message, WorldFormed):
+                break
+        return await self._train(message, road, reader, writer, codec)
+
+    def rank_env(self, world: WorldFormed, road: str) -> list[dict[str, str]]:
+        """Per-rank environments: torchrun's variables plus what only this box knows."""
+        mine = next(h for h in world.hosts if h.host == self.options.host)
+        group = [h.host for h in world.hosts].index(self.options.host)
+        # The agent trusts its own road: the controller's idea of its address
+        # is wrong behind a tunnel or NAT; the one this join used is proven.
+        master_addr, _, master_port = road.rpartition(":")
+        envs = []
+        for local, device in enumerate(self.offer.devices):
+            env = dict(os.environ)
+            env.update(world.env)
+            env.update(self.options.env)
+            env.update(
+                RANK=str(mine.first_rank + local),
+                WORLD_SIZE=str(world.world_size),
+                LOCAL_RANK=str(local),
+                LOCAL_WORLD_SIZE=str(mine.count),
+                GROUP_RANK=str(group),
+                MASTER_ADDR=master_addr,
+                MASTER_PORT=master_port,
+                FLODL_CONTROLLER=road,
+                FLODL_DEVICE=device,
+                FLODL_RUN=world.run,
+            )
+            if self.options.data_path:
+                env["FLODL_DATA_PATH"] = self.options.data_path
+            if device.startswith("cuda:"):
+                env["CUDA_VISIBLE_DEVICES"] = device.split(":")[1]
+            envs.append(env)
+        return envs
+
+    def command(self, world: WorldFormed) -> list[str]:
+        command = list(world.command)
+        if self.options.bin:
+            command[0] = self.options.bin  # only the entry point is local; the args are the run's
+        return command
+
+    async def _train(
+        self,
+        world: WorldFormed,
+        road: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        codec: wire.Codec,
+    ) -> int:
+        mine = next((h for h in world.hosts if h.host == self.options.host), None)
+        if mine is None:
+            raise AgentFailure("the formed world does not include this host")
+        command = self.command(world)
+        self.log(
+            f"world formed: {world.world_size} ranks; this host runs "
+            f"[{mine.first_rank}..{mine.first_rank + mine.count})"
+        )
+        ranks = []
+        for local, env in enumerate(self.rank_env(world, road)):
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *command,
+                    env=env,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise AgentFailure(
+                    f"cannot start the entry point {command[0]}: {exc.strerror}",
+                    "check --bin / the launch command on this box",
+                    PERMANENT,
+                ) from None
+            self.children.append(proc)
+            ranks.append(asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, codec)))
+        abort = asyncio.ensure_future(self._watch_link(reader, codec))
+        everyone: set[asyncio.Future[Any]] = {abort, asyncio.gather(*ranks)}
+        done, _ = await asyncio.wait(everyone, return_when=asyncio.FIRST_COMPLETED)
+        if abort in done:
+            for task in ranks:
+                task.cancel()
+            reason = abort.result()
+            raise AgentFailure(reason)
+        abort.cancel()
+        codes = [t.result() for t in ranks]
+        await writer.drain()
+        return CLEAN if all(c == 0 for c in codes) else TRANSIENT
+
+    async def _rank(
+        self, proc: asyncio.subprocess.Process, rank: int, writer: asyncio.StreamWriter, codec: wire.Codec
+    ) -> int:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            sys.stdout.write(f"[rank {rank}] {line.decode(errors='replace')}")
+            sys.stdout.flush()
+        code = await proc.wait()
+        writer.write(codec.encode(wire.Kind.RANK_EXITED, {"rank": rank, "code": code}))
+        return code
+
+    async def _watch_link(self, reader: asyncio.StreamReader, codec: wire.Codec) -> str:
+        while True:
+            try:
+                message = parse_message(await self._frame(reader, codec, None))
+            except (AgentFailure, ConnectionError, BadMessage):
+                return "the controller went away mid-run"
+            except wire.Dropped as exc:
+                return f"the controller link broke ({exc})"
+            if isinstance(message, Abort):
+                return f"the controller aborted the run: {message.reason}"
+
+    async def _kill_children(self) -> None:
+        alive = [p for p in self.children if p.returncode is None]
+        for proc in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in alive:
+            try:
+                await asyncio.wait_for(proc.wait(), KILL_GRACE)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+
+
+async def join_once(options: AgentOptions, log: Callable[[str], None]) -> int:
+    offer = resolve_offer(options.devices)
+    attempt = Attempt(options, offer, log)
+    if options.ssh is None:
+        return await attempt.run(options.controller_host, options.controller_port)
+    async with Tunnel(options.ssh, options.controller_host, options.controller_port) as tunnel:
+        return await attempt.run("127.0.0.1", tunnel.local_port)
+
+
+async def join(
+    options: AgentOptions,
+    *,
+    persist: bool,
+    log: Callable[[str], None],
+    backoff_start: float = BACKOFF_START,
+    attempts: int | None = None,
+) -> int:
+    """``fdl join``: one attempt, or with ``persist`` a loop that stops only on a permanent failure."""
+    delay: float | None = None
+    tries = 0
+    while True:
+        tries += 1
+        started = time.monotonic()
+        try:
+            code = await join_once(options, log)
+            if code == CLEAN:
+                log("run finished cleanly")
+            else:
+                log("a rank failed; the run ended with errors")
+        except AgentFailure as exc:
+            log(f"{exc.message}" + (f"\n    fix: {exc.fix}" if exc.fix else ""))
+            code = exc.code
+        if not persist or code == PERMANENT or (attempts is not None and tries >= attempts):
+            return code
+        delay = next_backoff(delay, time.monotonic() - started, backoff_start)
+        log(f"re-dialling in {delay:.0f}s")
+        await asyncio.sleep(delay)  # the backoff itself, not a stand-in for synchronization
+
+
+def split_address(text: str, default_port: int = 1337) -> tuple[str, int]:
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else default_port
+    if text.count(":") == 1:
+        host, port = text.split(":")
+        return host, int(port)
+    return text, default_port
+
+
+def hello_devices(offer: DeviceOffer) -> Sequence[str]:
+    return resolve_offer(offer).devices

@@ -1,0 +1,491 @@
+"""The controller: one port, the join window, host links and the status surface.
+
+The IO shell around the pure cores: ``wire`` frames every byte, ``admission``
+judges each hello, ``window`` decides when the world forms, and this module
+only moves bytes, runs the one timer the window asks for, and supervises the
+host links. Everything dials in; the controller never dials out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+import h11
+
+from . import wire
+from .admission import DialGuard, Refusal, check
+from .messages import (
+    Accept,
+    BadMessage,
+    Challenge,
+    Hello,
+    HostEnvelope,
+    Plane,
+    RankExited,
+    Reject,
+    WorldFormed,
+)
+from .messages import parse as parse_message
+from .ranks import assign_contiguous
+from .window import Fail, Form, Keep, Window, WindowClosed, WindowConfig
+
+PREAMBLE_TIMEOUT = 5.0
+HELLO_TIMEOUT = 10.0
+HTTP_TIMEOUT = 10.0
+HTTP_MAX_BODY = 4096
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class BindError(Exception):
+    """The controller port cannot be opened (in use, or not an address of this host)."""
+
+
+@dataclass
+class Link:
+    """One admitted host: its hello, its stream and its codec (after rekey)."""
+
+    hello: Hello
+    writer: asyncio.StreamWriter
+    codec: wire.Codec
+    joined_at: float
+    peer: str
+    exited: dict[int, int] = field(default_factory=dict)
+
+    def send(self, kind: wire.Kind, body: dict[str, Any]) -> None:
+        self.writer.write(self.codec.encode(kind, body))
+
+
+@dataclass
+class Settings:
+    window: WindowConfig
+    command: list[str]
+    bind: str = "127.0.0.1"
+    port: int = 1337
+    token: str | None = None
+    open_admission: bool = False
+    plane: Plane = "cpu"
+    env: dict[str, str] = field(default_factory=dict)
+    run: str = ""
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.log = log
+        self.salt = wire.new_salt()
+        self.key = wire.run_key(settings.token, self.salt)
+        # A configured token always forces credential-checked admission.
+        self.open = settings.token is None and (settings.open_admission or is_loopback(settings.bind))
+        self.join_key = wire.OPEN_KEY if self.open else self.key
+        self.window = Window(settings.window, self.clock())
+        self.links: dict[str, Link] = {}
+        self.guard = DialGuard()
+        self.dropped: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.admitted = 0
+        self.finished = asyncio.Event()
+        self.exit_code = 1
+        self.port = settings.port
+        self._timer: asyncio.TimerHandle | None = None
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            self._server = await asyncio.start_server(
+                self._serve, self.settings.bind, self.settings.port, limit=wire.CONTROL_MAX
+            )
+        except OSError as exc:
+            raise BindError(
+                f"cannot open the join window on {self.settings.bind}:{self.settings.port}: {exc.strerror}"
+            ) from None
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._apply(self.window.decide(self.clock()))
+
+    async def run(self) -> int:
+        await self.start()
+        try:
+            await self.finished.wait()
+        finally:
+            await self.close()
+        return self.exit_code
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._server is not None:
+            self._server.close()
+        for link in list(self.links.values()):
+            link.writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # --- the window's verdicts -----------------------------------------------
+
+    def _apply(self, decision: Keep | Form | Fail) -> None:
+        if isinstance(decision, Form):
+            self._form(decision)
+        elif isinstance(decision, Fail):
+            self._fail(decision.reason)
+        elif self.window.phase == "done":
+            self.log("run complete: every host link closed")
+            self.exit_code = 0
+            self.finished.set()
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self.window.next_deadline()
+        if deadline is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(
+            max(0.0, deadline - self.clock()), lambda: self._apply(self.window.decide(self.clock()))
+        )
+
+    def _form(self, decision: Form) -> None:
+        ranges = assign_contiguous([(m.host, m.ranks) for m in decision.members])
+        world = sum(r.count for r in ranges)
+        formed = WorldFormed(
+            world_size=world,
+            hosts=[
+                HostEnvelope(
+                    host=r.host,
+                    first_rank=r.start,
+                    count=r.count,
+                    data_path=self.links[r.host].hello.data_path,
+                )
+                for r in ranges
+            ],
+            controller=f"{self.settings.bind}:{self.port}",
+            command=self.settings.command,
+            plane=self.settings.plane,
+            env=self.settings.env,
+            run=self.settings.run,
+        )
+        body = formed.model_dump(mode="python")
+        for link in self.links.values():
+            link.send(wire.Kind.WORLD_FORMED, body)
+        self.window.formed(self.clock())
+        self.log(f"world formed: {world} ranks on {len(ranges)} hosts; training")
+
+    def _fail(self, reason: str) -> None:
+        self.log(f"run failed: {reason}")
+        for link in self.links.values():
+            with contextlib.suppress(Exception):
+                link.send(wire.Kind.ABORT, {"reason": reason})
+        self.exit_code = 1
+        self.finished.set()
+
+    # --- connections ---------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = str(writer.get_extra_info("peername", ("?", 0))[0])
+        try:
+            # Loopback is exempt: under tunnels every walk-in arrives from 127.0.0.1,
+            # and one bad tunnel must not lock the others out.
+            if not is_loopback(peer) and not self.guard.allow(peer, self.clock()):
+                self.dropped["rate_limited"] += 1
+                return
+            try:
+                preamble = await asyncio.wait_for(reader.readexactly(4), PREAMBLE_TIMEOUT)
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                return
+            channel = wire.classify(preamble)
+            if channel is wire.Channel.HTTP:
+                await self._http(preamble, reader, writer, peer)
+            elif channel is wire.Channel.JOIN:
+                await self._join(reader, writer, peer)
+            else:
+                # rendezvous, data and control channels arrive with the data plane
+                self._bad(peer, "channel")
+        except wire.Dropped as exc:
+            self._bad(peer, exc.cause)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _bad(self, peer: str, cause: str) -> None:
+        self.dropped[cause] += 1
+        if not is_loopback(peer):
+            self.guard.penalize(peer, self.clock())
+
+    async def _read_frame(self, reader: asyncio.StreamReader, codec: wire.Codec) -> wire.Frame | None:
+        while True:
+            frame = codec.next_frame()
+            if frame is not None:
+                return frame
+            data = await reader.read(65536)
+            if not data:
+                return None
+            codec.feed(data)
+
+    async def _join(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        codec = wire.Codec(self.join_key)
+        nonce = wire.new_nonce()
+        writer.write(
+            codec.encode(
+                wire.Kind.CHALLENGE,
+                Challenge(nonce=nonce, open=self.open, run=self.settings.run).model_dump(),
+            )
+        )
+        frame = await asyncio.wait_for(self._read_frame(reader, codec), HELLO_TIMEOUT)
+        if frame is None:
+            return
+        if frame.kind is not wire.Kind.HELLO:
+            raise wire.Dropped("kind", "expected a hello")
+        try:
+            hello = parse_message(frame)
+        except BadMessage as exc:
+            raise wire.Dropped("payload", str(exc)) from None
+        assert isinstance(hello, Hello)
+        if not hmac.compare_digest(hello.nonce, nonce):
+            raise wire.Dropped("replay", "hello does not answer this connection's challenge")
+        refusal = self._admit(hello)
+        if refusal is not None:
+            self.refused[refusal.reason.split(":")[0]] += 1
+            self.log(f"refused {hello.host or peer}: {refusal.reason}")
+            writer.write(
+                codec.encode(
+                    wire.Kind.REJECT,
+                    Reject(reason=refusal.reason, fix=refusal.fix, permanent=refusal.permanent).model_dump(),
+                )
+            )
+            await writer.drain()
+            return
+        now = self.clock()
+        first = self.window.joined_ranks
+        count = len(hello.devices)
+        try:
+            decision = self.window.join(hello.host, count, now)
+        except WindowClosed as exc:
+            writer.write(
+                codec.encode(
+                    wire.Kind.REJECT,
+                    Reject(reason=str(exc), fix="wait for the next run; --persist re-dials").model_dump(),
+                )
+            )
+            await writer.drain()
+            return
+        link = Link(hello, writer, codec, now, peer)
+        self.links[hello.host] = link
+        accept = Accept(
+            ranks=(first, count),
+            salt=self.salt if self.open else None,
+            command=self.settings.command,
+            plane=self.settings.plane,
+            run=self.settings.run,
+        )
+        writer.write(codec.encode(wire.Kind.ACCEPT, accept.model_dump()))
+        # Rekey before yielding: a formation triggered by another join while
+        # this drain waits must already speak this connection's key.
+        codec.rekey(wire.connection_key(self.key, nonce, hello.client_nonce))
+        try:
+            await writer.drain()
+        except (ConnectionError, OSError):
+            # A failed Accept write rolls the admission back.
+            if self.links.get(hello.host) is link:
+                del self.links[hello.host]
+                self._apply(self.window.leave(hello.host, self.clock()))
+            return
+        self.admitted += 1
+        self.log(
+            f"admitted {hello.host} ({peer}): ranks [{first}..{first + count}) on {', '.join(hello.devices)}"
+        )
+        self._apply(decision)
+        await self._link(reader, link)
+
+    def _admit(self, hello: Hello) -> Refusal | None:
+        if not self.window.can_admit():
+            return Refusal(
+                f"the window is closed (phase {self.window.phase})",
+                "wait for the next run; --persist re-dials",
+            )
+        return check([link.hello for link in self.links.values()], hello, self.settings.plane)
+
+    async def _link(self, reader: asyncio.StreamReader, link: Link) -> None:
+        """The host's control link for the whole run; its EOF is the host's exit."""
+        host = link.hello.host
+        try:
+            while True:
+                frame = await self._read_frame(reader, link.codec)
+                if frame is None:
+                    break
+                if frame.kind is wire.Kind.RANK_EXITED:
+                    exited = parse_message(frame)
+                    assert isinstance(exited, RankExited)
+                    link.exited[exited.rank] = exited.code
+                    self.log(f"rank {exited.rank} on {host} exited with code {exited.code}")
+                    if exited.code != 0 and self.window.phase == "training":
+                        self._apply(
+                            self.window.fail(
+                                f"rank {exited.rank} on {host} exited with code {exited.code}", self.clock()
+                            )
+                        )
+        except (wire.Dropped, BadMessage) as exc:
+            self.dropped[getattr(exc, "cause", "payload")] += 1
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if self.links.get(host) is link:
+                del self.links[host]
+                self._closed(link)
+
+    def _closed(self, link: Link) -> None:
+        host = link.hello.host
+        phase = self.window.phase
+        if phase in ("done", "failed"):
+            return
+        running = len(link.hello.devices) - len(link.exited)
+        if phase == "training" and running > 0:
+            # A host that leaves with ranks still running has died, not finished.
+            reason = f"host {host} closed its link with {running} rank(s) still running"
+            self._apply(self.window.fail(reason, self.clock()))
+            return
+        self.log(f"host {host} closed its link")
+        self._apply(self.window.leave(host, self.clock()))
+
+    # --- HTTP: /state.json and /start ----------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        now = self.clock()
+        snap = dict(self.window.snapshot(now))
+        snap.pop("members", None)
+        ranges = {r.host: r for r in assign_contiguous([(m.host, m.ranks) for m in self.window.members])}
+        snap["hosts"] = [
+            {
+                "host": host,
+                "ranks": [ranges[host].start, ranges[host].stop] if host in ranges else None,
+                "devices": link.hello.devices,
+                "device_labels": link.hello.device_labels,
+                "variant": link.hello.variant,
+                "joined_s_ago": round(now - link.joined_at, 1),
+            }
+            for host, link in self.links.items()
+        ]
+        snap.update(
+            run=self.settings.run,
+            port=self.port,
+            plane=self.settings.plane,
+            admitted=self.admitted,
+            refused=dict(self.refused),
+            dropped=dict(self.dropped),
+        )
+        return snap
+
+    async def _http(
+        self, preamble: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
+        conn.receive_data(preamble)
+        request: h11.Request | None = None
+        body = b""
+        deadline = self.clock() + HTTP_TIMEOUT
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError:
+                self._bad(peer, "http")
+                return await self._respond(writer, conn, 400, {"error": "malformed HTTP request"})
+            if event is h11.NEED_DATA:
+                # One deadline for the whole request: a slow client cannot hold the handler.
+                data = await asyncio.wait_for(reader.read(65536), max(0.1, deadline - self.clock()))
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > HTTP_MAX_BODY:
+                    return await self._respond(writer, conn, 413, {"error": "request body too large"})
+            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                break
+        if request is None:
+            return
+        method = request.method.decode()
+        target = request.target.decode().split("?")[0]
+        if target == "/state.json" and method in ("GET", "HEAD"):
+            return await self._respond(writer, conn, 200, self.state(), head=method == "HEAD")
+        if target == "/start" and method == "POST":
+            status, payload = self._start(peer, body)
+            return await self._respond(writer, conn, status, payload)
+        if target == "/" and method in ("GET", "HEAD"):
+            return await self._respond(writer, conn, 200, {"see": "/state.json"}, head=method == "HEAD")
+        await self._respond(writer, conn, 404, {"error": f"no route {method} {target}"})
+
+    def _start(self, peer: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        if not is_loopback(peer):
+            offered = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0]
+            if self.settings.token is None:
+                return 403, {
+                    "error": "this run has no join.token: fire the start on the controller host "
+                    "or through the ssh tunnel"
+                }
+            if not hmac.compare_digest(offered.lower().encode(), self.settings.token.encode()):
+                self.guard.penalize(peer, self.clock())
+                return 403, {"error": "bad token: pass the run's join.token (FDL_TOKEN or --token -)"}
+        reply = self.window.request_start(self.clock())
+        if reply.accepted:
+            self.log("operator start accepted")
+            self._apply(self.window.decide(self.clock()))
+            return reply.status, {"armed": True, "reason": reply.reason}
+        return reply.status, {"armed": False, "error": reply.reason}
+
+    async def _respond(
+        self,
+        writer: asyncio.StreamWriter,
+        conn: h11.Connection,
+        status: int,
+        payload: dict[str, Any],
+        head: bool = False,
+    ) -> None:
+        data = json.dumps(payload).encode()
+        headers = [
+            ("content-type", "application/json"),
+            ("content-length", str(len(data))),
+            ("cache-control", "no-store"),
+            ("connection", "close"),
+        ]
+        out = conn.send(h11.Response(status_code=status, headers=headers)) or b""
+        if not head:
+            out += conn.send(h11.Data(data=data)) or b""
+        out += conn.send(h11.EndOfMessage()) or b""
+        writer.write(out)
+        await writer.drain()

@@ -1,0 +1,138 @@
+"""Message bodies of the join and control channels.
+
+Frames carry msgpack maps; these models give each kind its shape and bounds,
+so a peer that authenticates but sends nonsense is refused by name instead of
+crashing a handler.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .wire import Frame, Kind
+
+Short = Annotated[str, Field(max_length=256)]
+Sig = Annotated[str, Field(max_length=128, pattern=r"^[0-9a-f]*$")]
+Plane = Literal["nccl", "cpu"]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Challenge(_Msg):
+    nonce: bytes = Field(min_length=16, max_length=16)
+    open: bool = False  # open admission: the salt comes back in Accept
+    run: Short = ""  # a label for logs, never a secret
+
+
+class Hello(_Msg):
+    """What a walk-in says about itself."""
+
+    nonce: bytes = Field(min_length=16, max_length=16)  # the server's challenge, echoed
+    client_nonce: bytes = Field(min_length=16, max_length=16)
+    host: Short
+    devices: list[Short] = Field(max_length=1024)  # "cuda:0", "cpu:1", ...
+    device_labels: list[Short] = Field(default_factory=list, max_length=1024)
+    variant: Short = "cpu"  # torch variant label: cpu, cu128, rocm6.4, ...
+    dataset_sig: Sig = ""
+    model_sig: Sig = ""
+    run_id: Sig = ""
+    nccl: Short = ""  # "2.27.3", empty when the variant ships none
+    data_path: Short = ""
+    pid: int = 0
+
+    @property
+    def vendor(self) -> str:
+        return vendor_of(self.variant)
+
+
+def vendor_of(variant: str) -> str:
+    if variant.startswith("cu"):
+        return "cuda"
+    if variant.startswith("rocm"):
+        return "rocm"
+    return "cpu"
+
+
+class Accept(_Msg):
+    ranks: tuple[int, int]  # (first, count) — provisional until WorldFormed
+    salt: bytes | None = None  # only under open admission
+    command: list[str]
+    plane: Plane = "cpu"
+    run: Short = ""
+
+
+class Reject(_Msg):
+    reason: str
+    fix: str = ""
+    permanent: bool = False
+
+
+class HostEnvelope(_Msg):
+    """One host's share of the formed world."""
+
+    host: str
+    first_rank: int
+    count: int
+    data_path: str = ""
+
+
+class WorldFormed(_Msg):
+    world_size: int
+    hosts: list[HostEnvelope]
+    controller: str  # host:port as the controller sees itself; the agent rewrites it
+    command: list[str]
+    plane: Plane = "cpu"
+    env: dict[str, str] = Field(default_factory=dict)
+    run: Short = ""
+
+
+class RankExited(_Msg):
+    rank: int
+    code: int
+
+
+class Abort(_Msg):
+    reason: str
+
+
+_BODIES: dict[Kind, type[_Msg]] = {
+    Kind.CHALLENGE: Challenge,
+    Kind.HELLO: Hello,
+    Kind.ACCEPT: Accept,
+    Kind.REJECT: Reject,
+    Kind.WORLD_FORMED: WorldFormed,
+    Kind.RANK_EXITED: RankExited,
+    Kind.ABORT: Abort,
+}
+
+
+class BadMessage(ValueError):
+    pass
+
+
+def parse(frame: Frame) -> _Msg | None:
+    """The typed body of ``frame`` (``None`` for kinds without one)."""
+    model = _BODIES.get(frame.kind)
+    if model is None:
+        return None
+    try:
+        return model.model_validate(frame.body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BadMessage(f"{frame.kind.name.lower()}: {where}: {first['msg']}") from None
+
+
+def body(message: _Msg) -> dict[str, Any]:
+    return message.model_dump(mode="python")
+
+
+def kind_of(message: _Msg) -> Kind:
+    for kind, model in _BODIES.items():
+        if isinstance(message, model):
+            return kind
+    raise TypeError(f"{type(message).__name__} is not a wire message")

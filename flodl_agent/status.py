@@ -1,0 +1,141 @@
+"""The operator's side of the status surface: `fdl status` and `fdl start`.
+
+A small HTTP client (the standard library's; the server side parses with h11)
+and the rendering of ``/state.json``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from rich.table import Table
+from rich.text import Text
+
+from .agent import split_address
+
+DEFAULT_ADDR = "127.0.0.1:1337"
+PHASE_STYLE = {
+    "waiting": "yellow",
+    "staging": "bold yellow",
+    "forming": "cyan",
+    "training": "bold cyan",
+    "done": "bold green",
+    "failed": "bold red",
+}
+
+
+class Unreachable(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: dict[str, Any]
+
+
+def resolve_addr(addr: str | None, cwd: Path) -> tuple[str, str | None]:
+    """--addr, then the active cluster file, then the default (with a note saying so)."""
+    if addr:
+        return addr, None
+    cluster_file = cwd / "fdl.cluster.yml"
+    if cluster_file.is_file():
+        from .config import ConfigError, load_config
+
+        try:
+            cluster = load_config(cluster_file).config.cluster
+        except ConfigError:
+            cluster = None
+        if cluster is not None:
+            host = cluster.controller.host
+            if host in ("0.0.0.0", "::"):
+                host = "127.0.0.1"
+            return f"{host}:{cluster.controller.port}", f"controller from {cluster_file}"
+    return DEFAULT_ADDR, f"no --addr and no ./fdl.cluster.yml: trying {DEFAULT_ADDR}"
+
+
+def request(
+    addr: str, method: str, path: str, form: dict[str, str] | None = None, timeout: float = 5.0
+) -> Reply:
+    host, port = split_address(addr)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    body = urlencode(form).encode() if form else None
+    headers = {"content-type": "application/x-www-form-urlencoded"} if body else {}
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise Unreachable(f"no controller answers at {addr} ({exc})") from None
+    finally:
+        conn.close()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise Unreachable(
+            f"{addr} answered, but not with flodl's state (is this the controller port?)"
+        ) from None
+    return Reply(response.status, data if isinstance(data, dict) else {})
+
+
+def read_token(option: str | None) -> str | None:
+    """Credentials come from the environment or stdin, never argv."""
+    if option == "-":
+        return sys.stdin.readline().strip() or None
+    if option is not None:
+        raise ValueError(
+            "--token takes `-` (read the token from stdin); a token in argv is visible to every "
+            "user of this box. Or set FDL_TOKEN."
+        )
+    return os.environ.get("FDL_TOKEN") or None
+
+
+def _clock(seconds: Any) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+def group_devices(labels: list[str]) -> str:
+    counts = Counter(labels)
+    return ", ".join(f"{n}x {name}" for name, n in counts.items()) or "-"
+
+
+def render(state: dict[str, Any]) -> list[Text | Table]:
+    phase = str(state.get("phase", "?"))
+    head = Text()
+    head.append(phase, style=PHASE_STYLE.get(phase, ""))
+    target = state.get("target")
+    head.append(
+        f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts"
+        f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'})"
+    )
+    head.append(
+        f"  start {state.get('start')}{' (armed)' if state.get('armed') else ''}"
+        f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}"
+    )
+    out: list[Text | Table] = [head]
+    if state.get("failure"):
+        out.append(Text(f"failure: {state['failure']}", style="red"))
+    table = Table("host", "ranks", "devices", "torch", "joined")
+    for host in state.get("hosts", []):
+        ranks = host.get("ranks")
+        table.add_row(
+            str(host.get("host")),
+            f"[{ranks[0]}..{ranks[1]})" if ranks else "-",
+            group_devices(host.get("device_labels") or host.get("devices") or []),
+            str(host.get("variant", "-")),
+            f"{_clock(host.get('joined_s_ago'))} ago",
+        )
+    if state.get("hosts"):
+        out.append(table)
+    return out
