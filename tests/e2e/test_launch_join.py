@@ -1,0 +1,106 @@
+"""End to end through the real command line: fdl launch, two walk-ins, fdl status,
+fdl start, training and done — every exit code checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("fdl") is None, reason="the fdl console script is not on PATH")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fdl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["fdl", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+
+
+def state(cwd: Path) -> dict[str, object]:
+    proc = fdl("status", "--json", cwd=cwd)
+    return json.loads(proc.stdout) if proc.returncode == 0 else {}
+
+
+def wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)  # polling the controller's status, the operator's own view
+
+
+def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "fdl.cluster.yml").write_text(
+        "cluster:\n"
+        "  controller:\n"
+        f"    host: 127.0.0.1\n    port: {port}\n"
+        "    join: {discovery: true, min_rank_start: 2, start: manual,\n"
+        "           join_timeout: 60, max_join_timeout: 120}\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    rank_cmd = [
+        sys.executable,
+        "-c",
+        f"import os; open(os.path.join(r'{out}', os.environ['RANK']), 'w').write(os.environ['WORLD_SIZE'])",
+    ]
+    env = {**os.environ, "NO_COLOR": "1"}
+    launch = subprocess.Popen(
+        ["fdl", "launch", "--", *rank_cmd],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: state(tmp_path).get("phase") == "waiting")
+        refused = fdl("start", cwd=tmp_path)
+        assert refused.returncode == 1 and "quorum not met: 0 of 2" in refused.stderr
+
+        walkers = [
+            subprocess.Popen(
+                ["fdl", "join", f"127.0.0.1:{port}", "--host", name, "--devices", "cpu:1"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name in ("box-a", "box-b")
+        ]
+        wait_for(lambda: state(tmp_path).get("joined_ranks") == 2)
+        staged = state(tmp_path)
+        assert staged["phase"] == "staging"
+        shown = fdl("status", cwd=tmp_path)
+        assert shown.returncode == 0 and "staging" in shown.stdout and "box-a" in shown.stdout
+
+        started = fdl("start", cwd=tmp_path)
+        assert started.returncode == 0 and "armed" in started.stdout
+
+        codes = [w.wait(timeout=60) for w in walkers]
+        assert codes == [0, 0], [w.stderr.read() for w in walkers if w.stderr]
+        assert launch.wait(timeout=30) == 0
+        assert sorted(p.name for p in out.iterdir()) == ["0", "1"]
+        assert {p.read_text() for p in out.iterdir()} == {"2"}
+        assert launch.stderr is not None
+        log = launch.stderr.read()
+        assert "operator start accepted" in log and "run complete" in log
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        launch.wait()
+
+    gone = fdl("status", cwd=tmp_path)
+    assert gone.returncode == 1 and "no controller answers" in gone.stderr

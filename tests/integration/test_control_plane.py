@@ -1,0 +1,404 @@
+"""The control plane over real sockets on loopback: controller, agents, HTTP.
+
+Each test runs a real Controller (asyncio server on 127.0.0.1, port 0) and
+real agents in one event loop; ranks are real subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from flodl_agent import wire
+from flodl_agent.agent import PERMANENT, TRANSIENT, AgentFailure, AgentOptions, join, join_once
+from flodl_agent.config import DeviceOffer
+from flodl_agent.controller import Controller, Settings
+from flodl_agent.messages import Challenge, Hello
+from flodl_agent.messages import parse as parse_message
+from flodl_agent.window import WindowConfig
+
+OK = [sys.executable, "-c", "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"]
+SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def settings(command: list[str] = OK, **knobs: Any) -> Settings:
+    window: dict[str, Any] = {
+        "quorum": 2,
+        "target": 2,
+        "join_timeout": 30.0,
+        "max_join_timeout": 60.0,
+        "start": "auto",
+    }
+    window.update({k: v for k, v in knobs.items() if k in window or k == "discovery"})
+    rest = {k: v for k, v in knobs.items() if k not in window and k != "discovery"}
+    return Settings(window=WindowConfig(**window), command=command, port=0, **rest)
+
+
+def agent(ctl: Controller, host: str, cpus: int = 1, key: bytes | None = None) -> AgentOptions:
+    return AgentOptions(
+        controller_host="127.0.0.1",
+        controller_port=ctl.port,
+        host=host,
+        devices=DeviceOffer("cpu", cpus=cpus),
+        key=key,
+    )
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for a condition the event loop will make true (checked each loop turn)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 60))
+
+
+async def walk_in(opts: AgentOptions, log: list[str] | None = None) -> int | AgentFailure:
+    try:
+        return await join_once(opts, (log if log is not None else []).append)
+    except AgentFailure as exc:
+        return exc
+
+
+def get_json(ctl: Controller, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any]]:
+    conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=5)
+    headers = {"content-type": "application/x-www-form-urlencoded"} if body else {}
+    conn.request(method, path, body=body, headers=headers)
+    response = conn.getresponse()
+    data = json.loads(response.read())
+    conn.close()
+    return response.status, data
+
+
+async def api(ctl: Controller, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any]]:
+    return await asyncio.to_thread(get_json, ctl, method, path, body)
+
+
+# --- windows -------------------------------------------------------------------
+
+
+def test_auto_window_forms_the_instant_the_target_is_in_and_runs_to_done() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=3, target=3))
+        await ctl.start()
+        logs: list[str] = []
+        results = await asyncio.gather(walk_in(agent(ctl, "a", 2), logs), walk_in(agent(ctl, "b", 1)))
+        await ctl.finished.wait()
+        assert results == [0, 0]
+        assert ctl.exit_code == 0 and ctl.window.phase == "done"
+        assert any("world formed: 3 ranks" in line for line in logs)
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_manual_window_holds_in_staging_until_fdl_start() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(start="manual", quorum=2, target=None))
+        await ctl.start()
+        status, refused = await api(ctl, "POST", "/start")
+        assert (status, refused["armed"]) == (409, False) and "quorum not met: 0 of 2" in refused["error"]
+        a = asyncio.ensure_future(walk_in(agent(ctl, "a", 2)))
+        await until(lambda: ctl.window.phase == "staging")
+        # a late walk-in is still admitted during the hold
+        b = asyncio.ensure_future(walk_in(agent(ctl, "b", 1)))
+        await until(lambda: ctl.window.joined_ranks == 3)
+        assert ctl.window.phase == "staging"
+        _, state = await api(ctl, "GET", "/state.json")
+        assert state["phase"] == "staging" and [h["ranks"] for h in state["hosts"]] == [[0, 2], [2, 3]]
+        status, armed = await api(ctl, "POST", "/start")
+        assert (status, armed["armed"]) == (202, True)
+        assert await a == 0 and await b == 0
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        status, closed = await api(ctl, "POST", "/start")
+        assert status == 409 and closed["error"].startswith("window already closed")
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_hybrid_window_forms_at_expiry_with_quorum() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(start="hybrid", quorum=1, target=5, join_timeout=0.5, max_join_timeout=5))
+        await ctl.start()
+        t0 = time.monotonic()
+        assert await walk_in(agent(ctl, "a", 1)) == 0
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0 and time.monotonic() - t0 >= 0.5
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_discovery_holds_for_the_window_then_forms_with_whoever_walked_in() -> None:
+    async def scenario() -> None:
+        ctl = Controller(
+            settings(discovery=True, quorum=1, target=None, join_timeout=0.6, max_join_timeout=5)
+        )
+        await ctl.start()
+        a = asyncio.ensure_future(walk_in(agent(ctl, "a", 1)))
+        await until(lambda: ctl.window.joined_ranks == 1)
+        assert ctl.window.phase == "waiting"  # quorum met, but discovery holds for join_timeout
+        b = asyncio.ensure_future(walk_in(agent(ctl, "b", 2)))
+        assert (await a, await b) == (0, 0)
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_quorum_never_met_fails_at_the_hard_cap_and_aborts_the_members() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=3, target=3, join_timeout=0.2, max_join_timeout=0.5))
+        await ctl.start()
+        result = await walk_in(agent(ctl, "a", 1))
+        await ctl.finished.wait()
+        assert ctl.exit_code == 1 and "quorum not met" in (ctl.window.failure or "")
+        assert isinstance(result, AgentFailure) and result.code == TRANSIENT
+        assert "aborted the run: quorum not met" in result.message
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_start_refusals_by_name() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=1, target=1))
+        await ctl.start()
+        status, auto = await api(ctl, "POST", "/start")
+        assert status == 409 and auto["error"].startswith("auto mode")
+        # off the controller host a token is required
+        assert ctl._start("10.1.2.3", b"")[0] == 403
+        await ctl.close()
+        tokened = Controller(settings(start="manual", quorum=1, target=None, token=TOKEN))
+        await tokened.start()
+        assert tokened._start("10.1.2.3", b"token=bad")[0] == 403
+        code, body = tokened._start("10.1.2.3", f"token={TOKEN}".encode())
+        assert code == 409 and "quorum not met" in body["error"]
+        await tokened.close()
+
+    run(scenario)
+
+
+# --- admission -----------------------------------------------------------------
+
+
+def test_duplicate_host_is_refused_by_name_and_only_that_dial_fails() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(start="manual", quorum=1, target=None))
+        await ctl.start()
+        first = asyncio.ensure_future(walk_in(agent(ctl, "box", 1)))
+        await until(lambda: ctl.window.joined_ranks == 1)
+        second = await walk_in(agent(ctl, "box", 1))
+        assert isinstance(second, AgentFailure) and "host box already joined this run" in second.message
+        assert "--host renames a walk-in" in second.fix and second.code == TRANSIENT
+        assert ctl.window.phase == "staging" and ctl.window.joined_ranks == 1
+        await api(ctl, "POST", "/start")
+        assert await first == 0
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_token_run_admits_the_right_key_and_drops_a_wrong_one_without_reply() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=1, target=1, token=TOKEN))
+        await ctl.start()
+        assert not ctl.open
+        wrong = await walk_in(agent(ctl, "intruder", 1, key=bytes(16)))
+        assert isinstance(wrong, AgentFailure) and wrong.code == PERMANENT
+        assert "does not verify" in wrong.message
+        # a peer that ignores the challenge's verdict and says hello anyway: dropped, counted, no reply
+        reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
+        writer.write(wire.Channel.JOIN.value)
+        assert await reader.read(65536)  # the challenge
+        forged = wire.Codec(bytes(16))
+        writer.write(forged.encode(wire.Kind.HELLO, {"host": "x"}))
+        assert await reader.read(65536) == b""
+        writer.close()
+        await until(lambda: ctl.dropped["tag"] == 1)
+        assert ctl.window.joined_ranks == 0
+        assert await walk_in(agent(ctl, "real", 1, key=bytes.fromhex(TOKEN))) == 0
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        await ctl.close()
+
+    run(scenario)
+
+
+async def _raw_hello(port: int, key: bytes, host: str, nonce: bytes | None = None) -> tuple[bytes, bytes]:
+    """A hand-driven join: returns the hello bytes sent and whatever came back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(wire.Channel.JOIN.value)
+    codec = wire.Codec(key)
+    codec.feed(await reader.read(65536))
+    frame = codec.next_frame()
+    assert frame is not None
+    challenge = parse_message(frame)
+    assert isinstance(challenge, Challenge)
+    hello = Hello(nonce=nonce or challenge.nonce, client_nonce=wire.new_nonce(), host=host, devices=["cpu:0"])
+    sent = codec.encode(wire.Kind.HELLO, hello.model_dump())
+    writer.write(sent)
+    reply = await reader.read(65536)
+    writer.close()
+    return sent, reply
+
+
+def test_a_captured_hello_cannot_be_replayed_on_another_connection() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(start="manual", quorum=5, target=None, token=TOKEN))
+        await ctl.start()
+        key = bytes.fromhex(TOKEN)
+        sent, reply = await _raw_hello(ctl.port, key, "honest")
+        assert reply  # admitted: an Accept came back
+        assert ctl.window.joined_ranks == 1
+        # replay the exact bytes on a fresh connection: the challenge differs
+        reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
+        writer.write(wire.Channel.JOIN.value + sent)
+        assert await reader.read(65536) != b""  # the challenge arrives
+        assert await reader.read(65536) == b""  # then the connection is dropped without a reply
+        writer.close()
+        await until(lambda: ctl.dropped["replay"] == 1)
+        assert ctl.window.joined_ranks == 0  # the honest link closed; the replay admitted nothing
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_a_tampered_frame_is_dropped() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(start="manual", quorum=5, target=None, token=TOKEN))
+        await ctl.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
+        writer.write(wire.Channel.JOIN.value)
+        codec = wire.Codec(bytes.fromhex(TOKEN))
+        codec.feed(await reader.read(65536))
+        frame = codec.next_frame()
+        assert frame is not None
+        challenge = parse_message(frame)
+        assert isinstance(challenge, Challenge)
+        hello = Hello(nonce=challenge.nonce, client_nonce=wire.new_nonce(), host="evil", devices=["cpu:0"])
+        data = bytearray(codec.encode(wire.Kind.HELLO, hello.model_dump()))
+        data[-3] ^= 0x01
+        writer.write(bytes(data))
+        assert await reader.read(65536) == b""
+        writer.close()
+        await until(lambda: ctl.dropped["tag"] == 1)
+        assert ctl.window.joined_ranks == 0
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_junk_channels_and_garbage_are_dropped_and_counted() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(start="manual", quorum=5, target=None))
+        await ctl.start()
+        for junk in (b"XXXX", wire.Channel.JOIN.value + b"\x00" * 64):
+            reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
+            writer.write(junk)
+            await reader.read(65536)
+            writer.close()
+        await until(lambda: ctl.dropped["channel"] == 1 and ctl.dropped["magic"] == 1)
+        assert ctl.window.phase == "waiting"
+        await ctl.close()
+
+    run(scenario)
+
+
+# --- failures mid-run ----------------------------------------------------------
+
+
+def test_controller_lost_mid_run_agents_exit_transient_and_persist_rejoins_the_next_run() -> None:
+    async def scenario() -> None:
+        first = Controller(settings(SLEEP, quorum=1, target=1))
+        await first.start()
+        port = first.port
+        logs: list[str] = []
+        opts = agent(first, "a", 1)
+        persistent = asyncio.ensure_future(
+            join(opts, persist=True, log=logs.append, backoff_start=0.1, attempts=2)
+        )
+        await until(lambda: first.window.phase == "training")
+        await first.close()  # the controller dies: links drop
+        await until(lambda: any("went away" in line for line in logs))
+        second = Controller(Settings(window=WindowConfig(1, 1, 30.0, 60.0, "auto"), command=OK, port=port))
+        await second.start()
+        assert await persistent == 0  # the second attempt joined the next run and finished it
+        await second.finished.wait()
+        assert second.exit_code == 0
+        assert any("re-dialling" in line for line in logs)
+        await second.close()
+
+    run(scenario)
+
+
+def test_agent_lost_mid_run_fails_the_run_and_aborts_the_rest() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(SLEEP, quorum=2, target=2))
+        await ctl.start()
+        doomed = asyncio.ensure_future(walk_in(agent(ctl, "doomed", 1)))
+        survivor = asyncio.ensure_future(walk_in(agent(ctl, "survivor", 1)))
+        await until(lambda: ctl.window.phase == "training")
+        doomed.cancel()  # the agent dies: its link closes with its rank still running
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        await ctl.finished.wait()
+        assert ctl.exit_code == 1
+        assert "host doomed closed its link with 1 rank(s) still running" in (ctl.window.failure or "")
+        result = await survivor
+        assert isinstance(result, AgentFailure) and "aborted the run" in result.message
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_a_failing_rank_fails_the_run() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings([sys.executable, "-c", "raise SystemExit(3)"], quorum=1, target=1))
+        await ctl.start()
+        assert await walk_in(agent(ctl, "a", 1)) == TRANSIENT
+        await ctl.finished.wait()
+        assert ctl.exit_code == 1 and "exited with code 3" in (ctl.window.failure or "")
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_rank_environment_is_torchrun_compatible(tmp_path: Any) -> None:
+    out = tmp_path / "env"
+    script = (
+        "import json, os, sys; keys = ['RANK','WORLD_SIZE','LOCAL_RANK','LOCAL_WORLD_SIZE','GROUP_RANK',"
+        "'MASTER_ADDR','MASTER_PORT','FLODL_DEVICE']; "
+        f"open(r'{out}' + os.environ['RANK'], 'w').write(json.dumps({{k: os.environ[k] for k in keys}}))"
+    )
+
+    async def scenario() -> None:
+        ctl = Controller(settings([sys.executable, "-c", script], quorum=3, target=3))
+        await ctl.start()
+        assert await asyncio.gather(walk_in(agent(ctl, "a", 2)), walk_in(agent(ctl, "b", 1))) in ([0, 0],)
+        await ctl.close()
+
+    run(scenario)
+    envs = [json.loads((tmp_path / f"env{r}").read_text()) for r in range(3)]
+    assert {e["WORLD_SIZE"] for e in envs} == {"3"}
+    by_group = sorted(
+        (e["GROUP_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["FLODL_DEVICE"]) for e in envs
+    )
+    assert len({e["GROUP_RANK"] for e in envs}) == 2
+    assert all(e["MASTER_ADDR"] == "127.0.0.1" for e in envs)
+    assert sorted(b[3] for b in by_group) == ["cpu:0", "cpu:0", "cpu:1"]
