@@ -1,0 +1,83 @@
+"""Admission refusals by name, each condemning only the dial that caused it."""
+
+from __future__ import annotations
+
+import pytest
+
+from flodl_agent.admission import DialGuard, check
+from flodl_agent.messages import Hello, Plane
+
+NONCE = b"n" * 16
+
+
+def hello(host: str = "box", devices: list[str] | None = None, **fields: str) -> Hello:
+    return Hello(
+        nonce=NONCE,
+        client_nonce=NONCE,
+        host=host,
+        devices=["cuda:0"] if devices is None else devices,
+        **fields,
+    )
+
+
+CUDA = {"variant": "cu128", "nccl": "2.27.3"}
+
+
+@pytest.mark.parametrize(
+    ("members", "candidate", "plane", "reason", "permanent"),
+    [
+        ([], hello(host=" "), "cpu", "names no host", True),
+        ([], hello(devices=[]), "cpu", "offers no device", True),
+        ([], hello(devices=["cuda:0", "cuda:0"]), "cpu", "device cuda:0 is offered twice", True),
+        ([hello("a")], hello("a"), "cpu", "host a already joined this run", False),
+        ([hello("a", **CUDA)], hello("b", variant="rocm6.4"), "nccl", "GPU vendor mismatch", True),
+        ([], hello("b", devices=["cpu:0"], variant="cpu"), "nccl", "CPU devices cannot join an NCCL", True),
+        ([hello("a", **CUDA)], hello("b", variant="cu126", nccl="2.26.1"), "nccl", "NCCL version skew", True),
+        ([hello("a", run_id="aa")], hello("b", run_id="bb"), "cpu", "run identity mismatch", False),
+        ([hello("a", model_sig="aa")], hello("b", model_sig="bb"), "cpu", "model mismatch", False),
+        ([hello("a", dataset_sig="aa")], hello("b", dataset_sig="bb"), "cpu", "dataset mismatch", False),
+    ],
+)
+def test_refusals(members: list[Hello], candidate: Hello, plane: Plane, reason: str, permanent: bool) -> None:
+    refusal = check(members, candidate, plane)
+    assert refusal is not None and reason in refusal.reason and refusal.fix
+    assert refusal.permanent is permanent
+
+
+@pytest.mark.parametrize(
+    ("members", "candidate", "plane"),
+    [
+        ([], hello(**CUDA), "nccl"),
+        # CPU modes are vendor-blind: a CUDA box, a ROCm box and a CPU box may share a run
+        ([hello("a", **CUDA), hello("b", variant="rocm6.4")], hello("c", devices=["cpu:0"]), "cpu"),
+        ([hello("a", **CUDA)], hello("b", variant="cu126", nccl="2.27.5"), "nccl"),  # same major.minor
+        # a box without a signature is not compared (the formation check is the backstop)
+        ([hello("a", model_sig="aa", dataset_sig="bb")], hello("b"), "cpu"),
+        ([hello("a"), hello("b", model_sig="cc")], hello("c", model_sig="cc"), "cpu"),
+    ],
+)
+def test_admitted(members: list[Hello], candidate: Hello, plane: Plane) -> None:
+    assert check(members, candidate, plane) is None
+
+
+def test_the_reference_leaves_with_its_member() -> None:
+    # the cohort's model signature is read off the members present now
+    assert check([hello("b", model_sig="bb")], hello("c", model_sig="cc"), "cpu") is not None
+    assert check([hello("b")], hello("c", model_sig="cc"), "cpu") is None
+
+
+def test_dial_guard_budget_refills() -> None:
+    guard = DialGuard(burst=3, rate=1.0)
+    for _ in range(3):
+        assert guard.allow("10.0.0.9", 0.0)
+        guard.penalize("10.0.0.9", 0.0)
+    assert not guard.allow("10.0.0.9", 0.0)
+    assert guard.allow("10.0.0.8", 0.0)  # other peers are unaffected
+    assert guard.allow("10.0.0.9", 1.0)  # one second refills one dial
+
+
+def test_dial_guard_memory_is_bounded() -> None:
+    guard = DialGuard(burst=1, rate=1.0, max_peers=100)
+    for i in range(1000):
+        guard.penalize(f"10.0.{i // 256}.{i % 256}", float(i))
+    assert len(guard._budget) <= 101

@@ -1,0 +1,174 @@
+"""The frame codec: authenticity, caps before allocation, versions, replay within a stream."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flodl_agent import wire
+
+KEY = bytes(range(16))
+
+
+def pair(key: bytes = KEY) -> tuple[wire.Codec, wire.Codec]:
+    return wire.Codec(key), wire.Codec(key)
+
+
+def test_round_trip_in_order() -> None:
+    tx, rx = pair()
+    data = b"".join(tx.encode(wire.Kind.HEARTBEAT, {"n": i, "blob": b"\x00" * i}) for i in range(5))
+    rx.feed(data)
+    assert [(f.kind, f.body["n"]) for f in rx.frames()] == [(wire.Kind.HEARTBEAT, i) for i in range(5)]
+
+
+def test_frames_arrive_in_any_chunking() -> None:
+    tx, rx = pair()
+    data = tx.encode(wire.Kind.ABORT, {"reason": "x" * 300}) + tx.encode(wire.Kind.HEARTBEAT)
+    got = []
+    for i in range(len(data)):
+        rx.feed(data[i : i + 1])
+        got += list(rx.frames())
+    assert [f.kind for f in got] == [wire.Kind.ABORT, wire.Kind.HEARTBEAT]
+
+
+@pytest.mark.parametrize("offset", range(0, wire.HEADER.size + 8))
+def test_any_flipped_byte_is_refused(offset: int) -> None:
+    tx, rx = pair()
+    data = bytearray(tx.encode(wire.Kind.HELLO, {"host": "abcdefgh"}))
+    data[offset] ^= 0x40
+    rx.feed(bytes(data))
+    try:
+        frames = list(rx.frames())
+    except wire.Dropped:
+        return
+    assert frames == []  # a longer announced length just waits for bytes that never verify
+
+
+def test_wrong_key_is_a_tag_failure() -> None:
+    tx, rx = wire.Codec(KEY), wire.Codec(bytes(16))
+    rx.feed(tx.encode(wire.Kind.HELLO, {"host": "a"}))
+    with pytest.raises(wire.Dropped) as caught:
+        rx.next_frame()
+    assert caught.value.cause == "tag"
+
+
+def test_version_mismatch_is_refused_before_decoding() -> None:
+    tx, rx = pair()
+    data = bytearray(tx.encode(wire.Kind.HELLO, {"host": "a"}))
+    data[2] = wire.VERSION + 1
+    rx.feed(bytes(data[: wire.HEADER.size]))  # the header alone is enough to refuse
+    with pytest.raises(wire.Dropped) as caught:
+        rx.next_frame()
+    assert caught.value.cause == "version" and "protocol 2" in str(caught.value)
+
+
+def test_size_cap_is_checked_on_the_header_before_the_payload_arrives() -> None:
+    rx = wire.Codec(KEY, max_payload=1024)
+    header = wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.Kind.HELLO, 10**9, bytes(32))
+    rx.feed(header)
+    with pytest.raises(wire.Dropped) as caught:
+        rx.next_frame()
+    assert caught.value.cause == "too_large" and rx.buffered == wire.HEADER.size
+
+
+def test_a_peer_cannot_make_the_buffer_grow_without_bound() -> None:
+    rx = wire.Codec(KEY, max_payload=1024)
+    with pytest.raises(wire.Dropped):
+        for _ in range(100):
+            rx.feed(b"FL" + b"\x00" * 1000)
+
+
+def test_replaying_a_frame_within_a_stream_fails() -> None:
+    tx, rx = pair()
+    frame = tx.encode(wire.Kind.RANK_EXITED, {"rank": 0, "code": 0})
+    rx.feed(frame)
+    assert rx.next_frame() is not None
+    rx.feed(frame)  # the same bytes again: the receiver expects sequence 1 now
+    with pytest.raises(wire.Dropped) as caught:
+        rx.next_frame()
+    assert caught.value.cause == "tag"
+
+
+def test_rekey_switches_both_sides_to_the_connection_key() -> None:
+    tx, rx = pair()
+    rx.feed(tx.encode(wire.Kind.ACCEPT, {}))
+    rx.next_frame()
+    conn = wire.connection_key(KEY, b"s" * 16, b"c" * 16)
+    assert conn != wire.connection_key(KEY, b"s" * 16, b"d" * 16)
+    tx.rekey(conn)
+    rx.feed(tx.encode(wire.Kind.HEARTBEAT))
+    with pytest.raises(wire.Dropped):
+        rx.next_frame()  # rx still on the old key
+    rx2_tx, rx2 = wire.Codec(KEY), wire.Codec(KEY)
+    rx2.feed(rx2_tx.encode(wire.Kind.ACCEPT, {}))
+    rx2.next_frame()
+    rx2_tx.rekey(conn)
+    rx2.rekey(conn)
+    rx2.feed(rx2_tx.encode(wire.Kind.HEARTBEAT))
+    assert rx2.next_frame() is not None
+
+
+def test_payloads_must_be_maps_without_extension_types() -> None:
+    import msgpack
+
+    for payload in (msgpack.packb([1, 2]), msgpack.packb({"x": msgpack.ExtType(5, b"zz")})):
+        tx = wire.Codec(KEY)
+        tag = tx._tag(0, wire.Kind.HELLO, payload)
+        rx = wire.Codec(KEY)
+        rx.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.Kind.HELLO, len(payload), tag) + payload)
+        with pytest.raises(wire.Dropped) as caught:
+            rx.next_frame()
+        assert caught.value.cause == "payload"
+
+
+@pytest.mark.parametrize(
+    ("preamble", "channel"),
+    [
+        (b"FLJ1", wire.Channel.JOIN),
+        (b"FLR1", wire.Channel.RENDEZVOUS),
+        (b"FLD1", wire.Channel.DATA),
+        (b"FLC1", wire.Channel.CONTROL),
+        (b"GET ", wire.Channel.HTTP),
+        (b"POST", wire.Channel.HTTP),
+        (b"HTTP", None),
+        (b"\x00\x00\x00\x00", None),
+        (b"PUT ", None),
+    ],
+)
+def test_preamble_selects_the_channel(preamble: bytes, channel: wire.Channel | None) -> None:
+    assert wire.classify(preamble) is channel
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=600), st.integers(1, 64))
+def test_fuzzed_bytes_never_crash_and_never_authenticate(data: bytes, chunk: int) -> None:
+    rx = wire.Codec(KEY, max_payload=512)
+    try:
+        for i in range(0, len(data), chunk):
+            rx.feed(data[i : i + chunk])
+            assert list(rx.frames()) == []  # random bytes never carry a valid tag
+    except wire.Dropped as exc:
+        assert exc.cause in wire.CAUSES
+    assert rx.buffered <= wire.HEADER.size + 512 + chunk
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.one_of(
+            st.integers(-(2**63), 2**64 - 1),
+            st.text(max_size=20),
+            st.binary(max_size=20),
+            st.booleans(),
+            st.none(),
+        ),
+        max_size=6,
+    )
+)
+def test_any_map_round_trips(body: dict[str, object]) -> None:
+    tx, rx = pair()
+    rx.feed(tx.encode(wire.Kind.REPLY, body))
+    frame = rx.next_frame()
+    assert frame is not None and frame.body == body
