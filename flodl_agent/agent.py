@@ -448,7 +448,7 @@ async def join(
         try:
             code = await join_once(options, log)
             if code == CLEAN:
-                log("run finished cleanly")
+                log(f"run finished cleanly on {options.host}")
             else:
                 log("a rank failed; the run ended with errors")
         except AgentFailure as exc:
