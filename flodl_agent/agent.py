@@ -32,6 +32,7 @@ CLEAN, TRANSIENT, PERMANENT = 0, 1, 2
 DIAL_TIMEOUT = 10.0
 TUNNEL_TIMEOUT = 20.0
 KILL_GRACE = 5.0
+CLOSE_TIMEOUT = 10.0
 
 BACKOFF_START = 5.0
 BACKOFF_MAX = 60.0
@@ -227,6 +228,16 @@ class Attempt:
             return await self._session(reader, writer, f"{dial_host}:{dial_port}")
         except wire.Dropped as exc:
             raise AgentFailure(f"the controller sent a frame that does not verify ({exc})") from None
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            raise AgentFailure(
+                f"the connection to the controller broke ({exc.__class__.__name__})",
+                "through a tunnel: does the door permit a forward to the controller port "
+                "(permitopen)? Otherwise the controller went away; --persist re-dials",
+            ) from None
+        except TimeoutError:
+            raise AgentFailure(
+                "the controller did not answer in time", "is that port a flodl controller?"
+            ) from None
         finally:
             writer.close()
             await self._kill_children()
@@ -383,7 +394,13 @@ class Attempt:
             raise AgentFailure(reason)
         abort.cancel()
         codes = [t.result() for t in ranks]
+        # Half-close and wait for the controller to close in turn: only then are the
+        # exit reports known to have crossed every hop (a tunnel torn down early loses them).
         await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            await asyncio.wait_for(_until_eof(reader), CLOSE_TIMEOUT)
         return CLEAN if all(c == 0 for c in codes) else TRANSIENT
 
     async def _rank(
@@ -420,6 +437,11 @@ class Attempt:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
+
+
+async def _until_eof(reader: asyncio.StreamReader) -> None:
+    while await reader.read(65536):
+        pass
 
 
 async def join_once(options: AgentOptions, log: Callable[[str], None]) -> int:

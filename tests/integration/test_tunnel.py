@@ -1,0 +1,99 @@
+"""Walking in through real OpenSSH: an ssh -L forward, and the guardrailed door."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from flodl_agent.agent import AgentFailure, AgentOptions
+from flodl_agent.config import DeviceOffer, Ssh
+from flodl_agent.controller import Controller
+from tests.integration.test_control_plane import run, settings, walk_in
+from tests.sshd import Sshd, sshd  # noqa: F401  (the fixture)
+
+
+def _through(server: Sshd, ctl: Controller, host: str) -> AgentOptions:
+    return AgentOptions(
+        controller_host="127.0.0.1",  # the controller as seen from the ssh host
+        controller_port=ctl.port,
+        host=host,
+        devices=DeviceOffer("cpu", cpus=1),
+        ssh=Ssh(
+            target="127.0.0.1",
+            port=server.port,
+            user="root",
+            identity_file=str(server.client_key),
+            options=server.options,
+        ),
+    )
+
+
+def _env_dump(out: Path) -> list[str]:
+    code = (
+        "import json, os; "
+        f"open(r'{out}', 'w').write(json.dumps({{k: os.environ[k] for k in "
+        "['MASTER_ADDR', 'MASTER_PORT', 'FLODL_CONTROLLER']}))"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_walk_in_through_an_ssh_forward_rewrites_the_controller_address(sshd: Sshd, tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+
+    async def scenario() -> None:
+        ctl = Controller(settings(_env_dump(out), quorum=1, target=1))
+        await ctl.start()
+        logs: list[str] = []
+        assert await walk_in(_through(sshd, ctl, "tunnelled"), logs) == 0, logs
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        await ctl.close()
+
+    run(scenario)
+    env = json.loads(out.read_text())
+    # the rank got the address this join used (the ephemeral local forward), not the controller's own
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["FLODL_CONTROLLER"] == f"127.0.0.1:{env['MASTER_PORT']}"
+
+
+def test_a_guardrailed_nologin_door_carries_the_join_and_nothing_else(sshd: Sshd) -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=1, target=1))
+        await ctl.start()
+        sshd.authorize(
+            f'restrict,port-forwarding,permitopen="127.0.0.1:{ctl.port}",command="/usr/sbin/nologin"'
+        )
+        # the door refuses a shell ...
+        shell = await asyncio.to_thread(sshd.ssh, "id")
+        assert "uid=" not in shell.stdout
+        # ... and a forward anywhere but the controller port
+        elsewhere = _through(sshd, ctl, "sneaky")
+        elsewhere.controller_port = ctl.port + 1 if ctl.port < 65535 else ctl.port - 1
+        refused = await walk_in(elsewhere)
+        assert isinstance(refused, AgentFailure)
+        # ... but carries the join
+        assert await walk_in(_through(sshd, ctl, "door")) == 0
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_a_host_key_that_does_not_match_the_pin_stops_the_tunnel(sshd: Sshd) -> None:
+    sshd.known_hosts.write_text(
+        f"[127.0.0.1]:{sshd.port} ssh-ed25519 "
+        "AAAAC3NzaC1lZDI1NTE5AAAAIBu6b4Y0N8fS3z5mXq3m0o6Pp3b0n3b0n3b0n3b0n3b0\n"
+    )
+
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=1, target=1))
+        await ctl.start()
+        result = await walk_in(_through(sshd, ctl, "mitm"))
+        assert isinstance(result, AgentFailure) and "tunnel did not come up" in result.message
+        assert "host key" in result.fix
+        await ctl.close()
+
+    run(scenario)

@@ -1,0 +1,101 @@
+"""A private, real OpenSSH server on loopback for tests of tunnels and doors.
+
+Host keys are pinned on the client side (a known_hosts file of our own) —
+the tests never turn host key checking off.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Sshd:
+    port: int
+    home: Path
+    client_key: Path
+    known_hosts: Path
+    authorized_keys: Path
+
+    @property
+    def options(self) -> list[str]:
+        return [f"UserKnownHostsFile={self.known_hosts}", "StrictHostKeyChecking=yes"]
+
+    def authorize(self, line_prefix: str = "") -> None:
+        """Authorize the client key, optionally behind key options (the door recipe)."""
+        key = self.client_key.with_suffix(".pub").read_text().strip()
+        self.authorized_keys.write_text(f"{line_prefix} {key}\n".lstrip())
+
+    def ssh(self, *remote: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        argv = ["ssh", "-p", str(self.port), "-i", str(self.client_key), "-o", "BatchMode=yes"]
+        for option in self.options:
+            argv += ["-o", option]
+        return subprocess.run(
+            [*argv, "root@127.0.0.1", *remote],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    if not SSHD.exists() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH server/client not installed (scripts/system-deps installs them)")
+    home = tmp_path / "sshd"
+    home.mkdir()
+    _keygen(home / "host_key")
+    _keygen(home / "client_key")
+    port = _free_port()
+    known = home / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {(home / 'host_key.pub').read_text().strip()}\n")
+    authorized = home / "authorized_keys"
+    config = home / "sshd_config"
+    config.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {home / 'host_key'}\nPidFile {home / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {authorized}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nAllowTcpForwarding yes\n"
+        "Subsystem sftp internal-sftp\nLogLevel ERROR\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
+    server = Sshd(port, home, home / "client_key", known, authorized)
+    server.authorize()
+    proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"sshd did not start: {proc.stderr.read() if proc.stderr else ''}"
+                ) from None
+            time.sleep(0.05)  # sshd binds its port when ready; nothing else to wait on
+    try:
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
