@@ -4,6 +4,8 @@ import textwrap
 
 import pytest
 
+from tests.sshd import sshd  # noqa: F401  (a private OpenSSH server on loopback)
+
 
 @pytest.fixture
 def two_workers() -> str:
