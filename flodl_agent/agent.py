@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from . import wire
 from .config.devices import DeviceOffer
 from .config.models import Ssh
@@ -481,6 +483,30 @@ async def join(
         delay = next_backoff(delay, time.monotonic() - started, backoff_start)
         log(f"re-dialling in {delay:.0f}s")
         await asyncio.sleep(delay)  # the backoff itself, not a stand-in for synchronization
+
+
+class AgentSpec(BaseModel):
+    """What a launcher tells an agent it starts: FLODL_INTERNAL_AGENT_JSON, or the
+    fan-out session's stdin (hex-encoded JSON either way; never argv)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    host: str | None = None
+    controller_host: str | None = None
+    controller_port: int = Field(1337, ge=1, le=65535)
+    key: str | None = Field(None, pattern=r"^([0-9a-f]{32}|[0-9a-f]{64})$")
+    devices: str | None = None
+    data_path: str = ""
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+def parse_agent_spec(text: str) -> AgentSpec:
+    try:
+        return AgentSpec.model_validate_json(bytes.fromhex(text.strip()))
+    except ValueError as exc:  # bad hex, bad JSON, or a field out of bounds
+        raise ValueError(
+            f"the agent spec is not a hex-encoded JSON spec ({exc.__class__.__name__})"
+        ) from None
 
 
 def split_address(text: str, default_port: int = 1337) -> tuple[str, int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import socket
 import sys
 import time
@@ -25,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .agent import AgentOptions, split_address
+from .agent import AgentOptions, AgentSpec, parse_agent_spec, split_address
 from .agent import join as run_join
 from .config import (
     ConfigError,
@@ -38,10 +37,10 @@ from .config import (
     load_config,
     parse_devices,
 )
-from .controller import BindError, Controller, Settings
+from .launcher import LaunchError, LaunchOptions
+from .launcher import launch as run_launch
 from .ranks import known_ranks, plan_window
 from .status import Unreachable, read_token, render, request, resolve_addr
-from .window import WindowConfig
 
 EXAMPLES = ("lab", "reference")
 
@@ -245,6 +244,13 @@ def _token_or_exit(option: str | None) -> str | None:
     show_default=True,
     help="Data plane the run uses; nccl refuses CPU offers and mixed GPU vendors.",
 )
+@click.option(
+    "--fanout/--no-fanout",
+    default=True,
+    show_default=True,
+    help="Start an agent on every configured worker over ssh. --no-fanout when the workers run "
+    "their own join unit (fdl join --persist).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def launch(
     config_file: Path,
@@ -252,6 +258,7 @@ def launch(
     bind: str | None,
     port: int | None,
     plane: str,
+    fanout: bool,
     command: tuple[str, ...],
 ) -> None:
     """Open the join window and run COMMAND on every admitted rank.
@@ -263,63 +270,25 @@ def launch(
     _print_problems(loaded.warnings)
     cluster = loaded.config.cluster
     if cluster is None:
-        err.print(f"fdl: {config_file} has no cluster: block to launch", style="red", markup=False)
+        err.print(f"fdl launch: {config_file} has no cluster: block to launch", style="red", markup=False)
         raise SystemExit(1)
-    plan = plan_window(cluster.controller.join, cluster.capacity)
-    try:
-        window = WindowConfig.from_plan(plan, discovery=cluster.controller.join.discovery)
-    except ValueError as exc:
-        err.print(f"fdl: {exc}", style="red", markup=False)
-        err.print(
-            "    fix: list devices explicitly, or set cluster.controller.join.min_rank_start",
-            style="red",
-            markup=False,
-        )
-        raise SystemExit(1) from None
-    join_knobs = cluster.controller.join
-    settings = Settings(
-        window=window,
-        command=list(command),
-        bind=bind or cluster.controller.host,
-        port=cluster.controller.port if port is None else port,
-        token=join_knobs.token,
-        open_admission=join_knobs.open_admission,
-        plane="nccl" if plane == "nccl" else "cpu",
-        env=dict(cluster.env),
-        run=secrets.token_hex(4),
+    options = LaunchOptions(
+        command=list(command), bind=bind, port=port, plane="nccl" if plane == "nccl" else "cpu", fanout=fanout
     )
-    controller = Controller(settings, log=_log)
-    if controller.open and join_knobs.open_admission:
+    join_knobs = cluster.controller.join
+    if join_knobs.open_admission and join_knobs.token is None:
         err.print(
             "WARNING: open_admission on a network bind: any peer that reaches this port can join "
             "and influence the run",
             style="bold red",
             markup=False,
         )
-
-    async def main() -> int:
-        try:
-            await controller.start()
-        except BindError as exc:
-            err.print(f"fdl launch: {exc}", style="red", markup=False)
-            err.print(
-                "    fix: another controller may hold the port; pick one with --port",
-                style="red",
-                markup=False,
-            )
-            return 1
-        mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
-        _log(
-            f"join window open on {settings.bind}:{controller.port} (run {settings.run}, admission {mode}); "
-            f"quorum {window.quorum}, target {window.target}, start {window.start}"
-        )
-        try:
-            await controller.finished.wait()
-        finally:
-            await controller.close()
-        return controller.exit_code
-
-    raise SystemExit(asyncio.run(main()))
+    try:
+        code = asyncio.run(run_launch(cluster, options, _log))
+    except LaunchError as exc:
+        err.print(f"fdl launch: {exc.message}\n    fix: {exc.fix}", style="red", markup=False)
+        raise SystemExit(1) from None
+    raise SystemExit(code)
 
 
 @cli.command(name="join", context_settings={"ignore_unknown_options": True})
@@ -340,6 +309,8 @@ def launch(
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
 @click.option("--bin", "entry", help="Local path of the run's entry point on this box.")
 @click.option("--backoff", type=click.FloatRange(0.1, 60), default=5.0, hidden=True)
+@click.option("--spec-stdin", is_flag=True, hidden=True, help="Read a launcher's agent spec from stdin.")
+@click.option("--tag", hidden=True, help="Marks a fan-out agent so the next launch can clean up orphans.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def join_cmd(
     address: str | None,
@@ -352,6 +323,8 @@ def join_cmd(
     persist: bool | None,
     entry: str | None,
     backoff: float,
+    spec_stdin: bool,
+    tag: str | None,
     args: tuple[str, ...],
 ) -> None:
     """Walk into a join window at ADDRESS (host:port) and run this box's ranks.
@@ -360,7 +333,7 @@ def join_cmd(
     transient (re-dial), 2 permanent.
     """
     block = _join_block(config_file)
-    spec = _agent_spec()
+    spec = _agent_spec(spec_stdin)
     token = _token_or_exit(token_opt) or block.token
     ssh = block.ssh
     if ssh_dest:
@@ -375,7 +348,8 @@ def join_cmd(
     elif identity and ssh is not None:
         ssh = ssh.model_copy(update={"identity_file": str(identity)})
     default_addr = "127.0.0.1:1337" if ssh is not None else None
-    addr = address or spec.get("controller") or block.controller or default_addr
+    spec_addr = f"{spec.controller_host}:{spec.controller_port}" if spec.controller_host else None
+    addr = address or spec_addr or block.controller or default_addr
     if addr is None:
         err.print("fdl join: no controller address", style="red", markup=False)
         err.print(
@@ -383,23 +357,25 @@ def join_cmd(
         )
         raise SystemExit(2)
     try:
-        offer = parse_devices(devices) if devices else (block.devices or DeviceOffer("all"))
+        wanted = devices or spec.devices
+        offer = parse_devices(wanted) if wanted else (block.devices or DeviceOffer("all"))
     except PydanticCustomError as exc:
         err.print(f"fdl join: --devices: {exc}", style="red", markup=False)
         raise SystemExit(2) from None
     if args and list(args) != block.args:
         _log("note: the run's arguments come from the controller; local arguments are ignored")
     host, port = split_address(addr)
+    key_hex = token or spec.key
     options = AgentOptions(
         controller_host=host,
         controller_port=port,
-        key=bytes.fromhex(token) if token else spec.get("key"),
-        host=host_name or spec.get("host") or block.host or socket.gethostname(),
+        key=bytes.fromhex(key_hex) if key_hex else None,
+        host=host_name or spec.host or block.host or socket.gethostname(),
         devices=offer,
         bin=entry or block.bin,
         ssh=ssh,
-        data_path=block.data_path or "",
-        env=dict(block.env),
+        data_path=spec.data_path or block.data_path or "",
+        env={**block.env, **spec.env},
     )
     keep = block.persist if persist is None else persist
     raise SystemExit(asyncio.run(run_join(options, persist=keep, log=_log, backoff_start=backoff)))
@@ -413,23 +389,18 @@ def _join_block(config_file: Path | None) -> Join:
     return loaded.config.join or Join()
 
 
-def _agent_spec() -> dict[str, Any]:
-    """FLODL_INTERNAL_AGENT_JSON: a hex-encoded JSON spec for self-deployed agents."""
-    raw = os.environ.get("FLODL_INTERNAL_AGENT_JSON")
-    if not raw:
-        return {}
+def _agent_spec(from_stdin: bool) -> AgentSpec:
+    """The launcher's spec: the fan-out session's stdin, else FLODL_INTERNAL_AGENT_JSON."""
+    raw = sys.stdin.readline() if from_stdin else os.environ.get("FLODL_INTERNAL_AGENT_JSON", "")
+    if not raw.strip():
+        if from_stdin:
+            err.print("fdl join: --spec-stdin got no spec on stdin", style="red", markup=False)
+            raise SystemExit(2)
+        return AgentSpec()
     try:
-        spec = json.loads(bytes.fromhex(raw))
-        out: dict[str, Any] = {"host": spec.get("host")}
-        if spec.get("controller_host"):
-            out["controller"] = f"{spec['controller_host']}:{spec.get('controller_port', 1337)}"
-        if spec.get("key"):
-            out["key"] = bytes.fromhex(spec["key"])
-        return out
-    except (ValueError, AttributeError, TypeError):
-        err.print(
-            "fdl join: FLODL_INTERNAL_AGENT_JSON is not a hex-encoded JSON object", style="red", markup=False
-        )
+        return parse_agent_spec(raw)
+    except ValueError as exc:
+        err.print(f"fdl join: {exc}", style="red", markup=False)
         raise SystemExit(2) from None
 
 

@@ -149,6 +149,10 @@ class Controller:
 
     # --- the window's verdicts -----------------------------------------------
 
+    def fail(self, reason: str) -> None:
+        """Fail the run from outside (the launcher): Abort goes down every link."""
+        self._apply(self.window.fail(reason, self.clock()))
+
     def _apply(self, decision: Keep | Form | Fail) -> None:
         if isinstance(decision, Form):
             self._form(decision)

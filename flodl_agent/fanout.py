@@ -1,0 +1,159 @@
+"""Fan-out: start one agent per configured worker over OpenSSH.
+
+Sugar over the join protocol: each agent dials back in like any walk-in. The
+agent spec — and with it the run key — travels on the ssh session's stdin,
+never in argv (argv is visible to every user of both boxes). Before starting,
+the remote side kills orphans of an earlier launch of the same cluster on
+that host (a kill -9 on a launcher skips its clean-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import shlex
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .config.models import Cluster, Worker
+
+SSH_BASE = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"]
+
+
+class FanoutError(ValueError):
+    pass
+
+
+def orphan_tag(controller: str, worker: Worker) -> str:
+    """Stable across launches of the same cluster, distinct per worker host."""
+    return hashlib.sha256(f"{controller}/{worker.host}".encode()).hexdigest()[:12]
+
+
+def dial_address(cluster: Cluster) -> str:
+    host = cluster.controller.host
+    if host in ("0.0.0.0", "::", ""):
+        raise FanoutError(
+            f"cluster.controller.host is {host!r}, a bind-all address workers cannot dial; "
+            "set it to the controller's address on the workers' network"
+        )
+    return host
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run for one worker: the ssh argv and the spec for its stdin."""
+
+    host: str
+    argv: list[str]
+    stdin: bytes
+
+
+def plan(worker: Worker, cluster: Cluster, port: int, key: bytes) -> Plan:
+    ctl_host = dial_address(cluster)
+    ssh = worker.ssh
+    argv = ["ssh", *SSH_BASE]
+    if ssh is not None:
+        if ssh.port is not None:
+            argv += ["-p", str(ssh.port)]
+        if ssh.identity_file:
+            argv += ["-i", ssh.identity_file, "-o", "IdentitiesOnly=yes"]
+        for option in ssh.options:
+            argv += ["-o", option]
+    dial_host, dial_port = ctl_host, port
+    if worker.tunnel:
+        # The worker's traffic rides this session: a remote forward on the worker's loopback.
+        argv += ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:127.0.0.1:{port}"]
+        dial_host = "127.0.0.1"
+    target = (ssh.target if ssh and ssh.target else None) or worker.host
+    user = ssh.user if ssh else None
+    tag = orphan_tag(f"{ctl_host}:{port}", worker)
+    spec = {
+        "host": worker.host,
+        "controller_host": dial_host,
+        "controller_port": dial_port,
+        "key": key.hex(),
+        "devices": str(worker.local_devices),
+        "data_path": worker.data_path or "",
+        "env": worker.env,
+    }
+    path = worker.path or cluster.controller.path
+    argv += [f"{user}@{target}" if user else target, remote_command(tag, path)]
+    return Plan(worker.host, argv, json.dumps(spec).encode().hex().encode() + b"\n")
+
+
+def remote_command(tag: str, path: str | None) -> str:
+    """The shell line the worker runs: kill orphans, find fdl, read the spec from stdin.
+
+    The tag's value appears only in the assignment, never after ``--tag``: a
+    pkill pattern must not match the very shell (or ssh client) carrying it.
+    """
+    join = 'join --spec-stdin --tag "$T"'
+    lines = [f"T={tag}", 'pkill -f "fdl join --spec-stdin --tag $T" 2>/dev/null']
+    candidates = []
+    if path:
+        quoted = shlex.quote(path)
+        lines.append(f"cd {quoted} 2>/dev/null")
+        candidates = [f"{quoted}/venv/bin/fdl", f"{quoted}/.venv/bin/fdl"]
+    finder = "".join(f"[ -x {c} ] && exec {c} {join}; " for c in candidates)
+    lines.append(f"{finder}exec fdl {join}")
+    return "; ".join(lines)
+
+
+class Fanout:
+    """The running ssh sessions of one launch."""
+
+    def __init__(
+        self, log: Callable[[str], None], on_exit: Callable[[str, int, str], None] = lambda *_: None
+    ) -> None:
+        self.log = log
+        self.on_exit = on_exit  # (host, exit code, last output lines)
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self._pumps: list[asyncio.Task[None]] = []
+
+    async def start(self, plans: list[Plan]) -> None:
+        for p in plans:
+            proc = await asyncio.create_subprocess_exec(
+                *p.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+            assert proc.stdin is not None
+            proc.stdin.write(p.stdin)
+            await proc.stdin.drain()
+            proc.stdin.close()
+            self.procs[p.host] = proc
+            self._pumps.append(asyncio.ensure_future(self._pump(p.host, proc)))
+            self.log(f"fan-out: started the agent on {p.host}")
+
+    def alive(self, host: str) -> bool:
+        proc = self.procs.get(host)
+        return proc is not None and proc.returncode is None
+
+    async def _pump(self, host: str, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        tail: deque[str] = deque(maxlen=3)
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            tail.append(line)
+            self.log(f"[{host}] {line}")
+        code = await proc.wait()
+        if code != 0:
+            self.log(f"fan-out: the session to {host} ended with code {code}")
+        self.on_exit(host, code, " / ".join(tail))
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Let agents finish (they exit once the run ends), then end what is left."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*self._pumps, return_exceptions=True), grace)
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                await proc.wait()
+        for task in self._pumps:
+            task.cancel()

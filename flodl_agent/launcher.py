@@ -1,0 +1,99 @@
+"""`fdl launch`: open the window for a cluster, fan agents out, wait for the verdict."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .config.models import Cluster
+from .controller import BindError, Controller, Settings
+from .fanout import Fanout, FanoutError, plan
+from .messages import Plane
+from .ranks import plan_window
+from .window import WindowConfig
+
+
+class LaunchError(Exception):
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    command: list[str]
+    bind: str | None = None
+    port: int | None = None
+    plane: Plane = "cpu"
+    fanout: bool = True
+
+
+def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]) -> Controller:
+    join = cluster.controller.join
+    try:
+        window = WindowConfig.from_plan(plan_window(join, cluster.capacity), discovery=join.discovery)
+    except ValueError as exc:
+        raise LaunchError(
+            str(exc), "list devices explicitly, or set cluster.controller.join.min_rank_start"
+        ) from None
+    settings = Settings(
+        window=window,
+        command=options.command,
+        bind=options.bind or cluster.controller.host,
+        port=cluster.controller.port if options.port is None else options.port,
+        token=join.token,
+        open_admission=join.open_admission,
+        plane=options.plane,
+        env=dict(cluster.env),
+        run=secrets.token_hex(4),
+    )
+    return Controller(settings, log=log)
+
+
+async def launch(cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]) -> int:
+    controller = controller_for(cluster, options, log)
+    try:
+        await controller.start()
+    except BindError as exc:
+        raise LaunchError(str(exc), "another controller may hold the port; pick one with --port") from None
+    settings = controller.settings
+    mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
+    window = settings.window
+    log(
+        f"join window open on {settings.bind}:{controller.port} (run {settings.run}, admission {mode}); "
+        f"quorum {window.quorum}, target {window.target}, start {window.start}"
+    )
+    by_host = {w.host: w for w in cluster.workers}
+
+    def session_ended(host: str, code: int, tail: str) -> None:
+        # A session that dies before its host joined shrinks what can still walk in;
+        # once quorum is out of reach, waiting for the hard cap only wastes the operator's time.
+        window = controller.window
+        if code == 0 or host in controller.links or window.phase not in ("waiting", "staging"):
+            return
+        if cluster.controller.join.discovery:
+            return
+        pending = sum(
+            w.capacity or 0 for h, w in by_host.items() if h not in controller.links and fanout.alive(h)
+        )
+        if window.joined_ranks + pending < window.config.quorum:
+            controller.fail(
+                f"fan-out to {host} failed (ssh exit {code}{': ' + tail if tail else ''}); "
+                f"quorum {window.config.quorum} is out of reach"
+            )
+
+    fanout = Fanout(log, session_ended)
+    try:
+        if options.fanout and cluster.workers:
+            try:
+                plans = [plan(w, cluster, controller.port, controller.key) for w in cluster.workers]
+            except FanoutError as exc:
+                raise LaunchError(str(exc), "or launch with --no-fanout and let workers walk in") from None
+            await fanout.start(plans)
+        await controller.finished.wait()
+    finally:
+        await controller.close()
+        await fanout.stop()
+    return controller.exit_code

@@ -1,0 +1,147 @@
+"""Fan-out over real OpenSSH: fdl launch starts one agent per configured worker.
+
+Both "workers" are this machine reached through a private sshd on loopback,
+under two roster names; the agents run the repository's own fdl.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.config import ClusterBuilder
+from flodl_agent.fanout import orphan_tag, plan, remote_command
+from tests.sshd import Sshd
+
+ROOT = Path(__file__).parents[2]
+
+
+def _cluster_file(tmp_path: Path, server: Sshd, port: int, **join: object) -> Path:
+    builder = ClusterBuilder().controller("127.0.0.1", port=port, path=str(ROOT)).join(**join)
+    for name in ("fan-a", "fan-b"):
+        builder.worker(
+            name,
+            ssh={
+                "target": "127.0.0.1",
+                "port": server.port,
+                "user": "root",
+                "identity_file": str(server.client_key),
+                "options": server.options,
+            },
+            local_devices="cpu:1",
+            nccl_socket_ifname="lo",
+        )
+    import yaml
+
+    path = tmp_path / "fdl.cluster.yml"
+    path.write_text(yaml.safe_dump(builder.to_data()))
+    return path
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
+def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path) -> None:
+    out = tmp_path / "ranks"
+    out.mkdir()
+    config = _cluster_file(tmp_path, sshd, _free_port())
+    rank = [
+        sys.executable,
+        "-c",
+        f"import os; open(os.path.join(r'{out}', os.environ['RANK']), 'w').write('x')",
+    ]
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "fdl"), "launch", "--config", str(config), "--", *rank],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_COLOR": "1"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["0", "1"]
+    assert "fan-out: started the agent on fan-a" in proc.stderr
+    assert "admitted fan-b" in proc.stderr and "run complete" in proc.stderr
+
+
+def test_the_run_key_travels_on_stdin_never_in_argv() -> None:
+    cluster = (
+        ClusterBuilder()
+        .controller("10.0.0.1", path="/opt/flodl")
+        .worker("node-a", ssh={"target": "a.example", "user": "ops", "port": 2222}, local_devices=[0, 1])
+        .build()
+    )
+    key = bytes(range(16))
+    p = plan(cluster.workers[0], cluster, 1337, key)
+    assert key.hex() not in " ".join(p.argv)
+    assert key.hex() in bytes.fromhex(p.stdin.decode().strip()).decode()
+    assert (
+        p.argv[-2] == "ops@a.example"
+        and ["-p", "2222"] == p.argv[p.argv.index("-p") : p.argv.index("-p") + 2]
+    )
+    assert "BatchMode=yes" in p.argv
+
+
+def test_remote_command_cleans_orphans_without_matching_itself() -> None:
+    cluster = ClusterBuilder().controller("10.0.0.1").worker("node-a").build()
+    tag = orphan_tag("10.0.0.1:1337", cluster.workers[0])
+    assert tag == orphan_tag("10.0.0.1:1337", cluster.workers[0])  # stable across launches
+    line = remote_command(tag, "/opt/flodl")
+    assert f"--tag {tag}" not in line  # the value only in the assignment: pkill cannot match itself
+    # run the cleanup for real: a fake orphan with the tag dies, the shell running it survives
+    orphan = subprocess.Popen(["bash", "-c", f"exec -a 'fdl join --spec-stdin --tag {tag}' sleep 60"])
+    try:
+        done = subprocess.run(
+            ["bash", "-c", line.split("; cd ")[0] + "; echo survived"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        assert "survived" in done.stdout
+        assert orphan.wait(timeout=10) != 0
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+
+
+def test_tunnel_workers_dial_through_a_remote_forward() -> None:
+    cluster = ClusterBuilder().controller("10.0.0.1").worker("node-a", tunnel=True).build()
+    p = plan(cluster.workers[0], cluster, 7000, bytes(16))
+    assert "-R" in p.argv and p.argv[p.argv.index("-R") + 1] == "127.0.0.1:7000:127.0.0.1:7000"
+    assert b"127.0.0.1" in bytes.fromhex(p.stdin.decode().strip())
+
+
+def test_bind_all_controller_cannot_be_dialled() -> None:
+    from flodl_agent.fanout import FanoutError
+
+    cluster = ClusterBuilder().controller("0.0.0.0").worker("node-a").build()
+    with pytest.raises(FanoutError, match="bind-all"):
+        plan(cluster.workers[0], cluster, 1337, bytes(16))
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
+def test_a_worker_that_cannot_be_reached_fails_the_launch_at_once(sshd: Sshd, tmp_path: Path) -> None:
+    config = _cluster_file(tmp_path, sshd, _free_port(), join_timeout=300, max_join_timeout=600)
+    sshd.authorized_keys.write_text("")  # nobody may log in any more
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "fdl"), "launch", "--config", str(config), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NO_COLOR": "1"},
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "fan-out to fan-" in proc.stderr and "quorum 2 is out of reach" in proc.stderr
+    assert "Permission denied" in proc.stderr  # the ssh client's own words, forwarded
