@@ -85,10 +85,10 @@ def test_the_run_key_travels_on_stdin_never_in_argv() -> None:
     p = plan(cluster.workers[0], cluster, 1337, key)
     assert key.hex() not in " ".join(p.argv)
     assert key.hex() in bytes.fromhex(p.stdin.decode().strip()).decode()
-    assert (
-        p.argv[-2] == "ops@a.example"
-        and ["-p", "2222"] == p.argv[p.argv.index("-p") : p.argv.index("-p") + 2]
-    )
+    assert p.argv[-2] == "ops@a.example" and p.argv[p.argv.index("-p") : p.argv.index("-p") + 2] == [
+        "-p",
+        "2222",
+    ]
     assert "BatchMode=yes" in p.argv
 
 
