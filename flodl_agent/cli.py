@@ -37,10 +37,11 @@ from .config import (
     load_config,
     parse_devices,
 )
+from .controller import Controller
 from .launcher import LaunchError, LaunchOptions
 from .launcher import launch as run_launch
 from .ranks import known_ranks, plan_window
-from .status import Unreachable, read_token, render, request, resolve_addr
+from .status import Unreachable, one_line, read_token, render, request, resolve_addr
 
 EXAMPLES = ("lab", "reference")
 
@@ -215,6 +216,14 @@ def _log(line: str) -> None:
     err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(line)}")
 
 
+async def _live_roster(controller: Controller) -> None:
+    """A spinner with the roster while the window is open (terminals only)."""
+    with err.status("opening the join window") as spinner:
+        while controller.window.phase in ("waiting", "staging"):
+            spinner.update(escape(one_line(controller.state())))
+            await asyncio.sleep(0.5)  # the display's refresh interval
+
+
 def _token_or_exit(option: str | None) -> str | None:
     try:
         return read_token(option)
@@ -284,7 +293,7 @@ def launch(
             markup=False,
         )
     try:
-        code = asyncio.run(run_launch(cluster, options, _log))
+        code = asyncio.run(run_launch(cluster, options, _log, _live_roster if err.is_terminal else None))
     except LaunchError as exc:
         err.print(f"fdl launch: {exc.message}\n    fix: {exc.fix}", style="red", markup=False)
         raise SystemExit(1) from None

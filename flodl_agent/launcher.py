@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .config.models import Cluster
@@ -52,7 +53,13 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
     return Controller(settings, log=log)
 
 
-async def launch(cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]) -> int:
+async def launch(
+    cluster: Cluster,
+    options: LaunchOptions,
+    log: Callable[[str], None],
+    watch: Callable[[Controller], Awaitable[None]] | None = None,
+) -> int:
+    """Run one launch to its verdict; ``watch`` (a live display) runs alongside."""
     controller = controller_for(cluster, options, log)
     try:
         await controller.start()
@@ -92,7 +99,10 @@ async def launch(cluster: Cluster, options: LaunchOptions, log: Callable[[str], 
             except FanoutError as exc:
                 raise LaunchError(str(exc), "or launch with --no-fanout and let workers walk in") from None
             await fanout.start(plans)
+        watcher = asyncio.ensure_future(watch(controller)) if watch is not None else None
         await controller.finished.wait()
+        if watcher is not None:
+            watcher.cancel()
     finally:
         await controller.close()
         await fanout.stop()

@@ -110,6 +110,17 @@ def group_devices(labels: list[str]) -> str:
     return ", ".join(f"{n}x {name}" for name, n in counts.items()) or "-"
 
 
+def one_line(state: dict[str, Any]) -> str:
+    """The roster in a line: for a spinner while the window is open."""
+    target = state.get("target")
+    hosts = ", ".join(str(h.get("host")) for h in state.get("hosts", [])) or "nobody yet"
+    return (
+        f"{state.get('phase')}: {state.get('joined_ranks', 0)} ranks (quorum {state.get('quorum')}"
+        f"{f', target {target}' if target is not None else ''}) from {hosts}; "
+        f"window {_clock(state.get('window_left_s'))}, hard cap {_clock(state.get('cap_left_s'))}"
+    )
+
+
 def render(state: dict[str, Any]) -> list[Text | Table]:
     phase = str(state.get("phase", "?"))
     head = Text()

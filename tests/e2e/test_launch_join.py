@@ -104,3 +104,24 @@ def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
 
     gone = fdl("status", cwd=tmp_path)
     assert gone.returncode == 1 and "no controller answers" in gone.stderr
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script for a terminal")
+def test_launch_on_a_terminal_shows_a_live_roster_and_fails_at_the_cap(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "fdl.cluster.yml").write_text(
+        "cluster:\n  controller:\n"
+        f"    host: 127.0.0.1\n    port: {port}\n"
+        "    join: {discovery: true, min_rank_start: 1, join_timeout: 1, max_join_timeout: 2}\n"
+    )
+    proc = subprocess.run(
+        ["script", "-qec", "fdl launch -- true", "/dev/null"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "waiting: 0 ranks (quorum 1) from nobody yet" in proc.stdout
+    assert "quorum not met: 0 of 1 ranks joined before the hard cap" in proc.stdout
