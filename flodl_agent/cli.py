@@ -7,6 +7,7 @@ Thin shell: parse flags, call the pure cores, print with rich. Exit codes:
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import os
 import socket
@@ -276,14 +277,18 @@ def launch(
     and sent to every agent. Exit 0 when the run is done, 1 when it failed.
     """
     loaded = _load(config_file, base, False)
+    options = LaunchOptions(
+        command=list(command), bind=bind, port=port, plane="nccl" if plane == "nccl" else "cpu", fanout=fanout
+    )
+    _launch_loaded(loaded, config_file, options)
+
+
+def _launch_loaded(loaded: Loaded, config_file: Path, options: LaunchOptions) -> NoReturn:
     _print_problems(loaded.warnings)
     cluster = loaded.config.cluster
     if cluster is None:
         err.print(f"fdl launch: {config_file} has no cluster: block to launch", style="red", markup=False)
         raise SystemExit(1)
-    options = LaunchOptions(
-        command=list(command), bind=bind, port=port, plane="nccl" if plane == "nccl" else "cpu", fanout=fanout
-    )
     join_knobs = cluster.controller.join
     if join_knobs.open_admission and join_knobs.token is None:
         err.print(
@@ -298,6 +303,53 @@ def launch(
         err.print(f"fdl launch: {exc.message}\n    fix: {exc.fix}", style="red", markup=False)
         raise SystemExit(1) from None
     raise SystemExit(code)
+
+
+@cli.command(
+    name="@",
+    hidden=True,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.argument("name")
+@click.option("--plane", type=click.Choice(["cpu", "nccl"]), default="cpu", help="Data plane of the run.")
+@click.option("--fanout/--no-fanout", default=True, help="Start agents on the configured workers.")
+@click.argument("command_name", metavar="COMMAND")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def at_cluster(
+    ctx: click.Context, name: str, plane: str, fanout: bool, command_name: str, extra: tuple[str, ...]
+) -> None:
+    """`fdl @NAME COMMAND [ARGS]`: run a named command of fdl.yml on the cluster of fdl.NAME.yml.
+
+    `fdl @NAME status` and `fdl @NAME start` talk to that cluster's controller.
+    """
+    overlay = Path(f"fdl.{name}.yml")
+    base = Path("fdl.yml") if Path("fdl.yml").is_file() else None
+    if not overlay.is_file():
+        err.print(f"fdl @{name}: no {overlay} here", style="red", markup=False)
+        err.print(f"    fix: run from the project directory, or create {overlay}", style="red", markup=False)
+        raise SystemExit(2)
+    loaded = _load(overlay, base, False)
+    cluster = loaded.config.cluster
+    if command_name in ("status", "start") and cluster is not None:
+        addr = f"{cluster.controller.host}:{cluster.controller.port}"
+        cmd = status if command_name == "status" else start
+        ctx.invoke(cmd, addr=addr)
+        return
+    commands = loaded.config.commands
+    if command_name not in commands:
+        close = difflib.get_close_matches(command_name, list(commands), n=1)
+        hint = (
+            f"did you mean `{close[0]}`?"
+            if close
+            else (f"known: {', '.join(commands)}" if commands else "add a commands: block to fdl.yml")
+        )
+        err.print(f"fdl @{name}: no command `{command_name}`\n    fix: {hint}", style="red", markup=False)
+        raise SystemExit(2)
+    options = LaunchOptions(
+        command=[*commands[command_name], *extra], plane="nccl" if plane == "nccl" else "cpu", fanout=fanout
+    )
+    _launch_loaded(loaded, overlay, options)
 
 
 @cli.command(name="join", context_settings={"ignore_unknown_options": True})
@@ -494,7 +546,10 @@ def _internal_error(exc: BaseException) -> NoReturn:
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args and args[0].startswith("@") and len(args[0]) > 1:
+        args = ["@", args[0][1:], *args[1:]]  # `fdl @cluster train` -> the hidden `@` command
     try:
-        cli.main(prog_name="fdl")
+        cli.main(args=args, prog_name="fdl")
     except Exception as exc:  # the last line of defence: never a bare traceback
         _internal_error(exc)

@@ -10,6 +10,7 @@ translation in :mod:`.validate` turns those into :class:`Problem`s.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -195,6 +196,28 @@ def _spec(parse: Any) -> Any:
     return check
 
 
+def _command_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", value):
+        raise fail(((), f"`{value}` is not a command name", "use letters, digits, - and _"))
+    return value
+
+
+def _split_command(value: Any) -> Any:
+    # A string is split the way a shell would; a list is taken as argv.
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as exc:
+            raise fail(((), f"cannot split `{value}`: {exc}", "balance the quotes")) from None
+    return value
+
+
+def _command_line(value: list[str]) -> list[str]:
+    if not value:
+        raise fail(((), "is empty", "give the entry point and its arguments, e.g. python train.py"))
+    return value
+
+
 def _controller_address(value: str) -> str:
     host, port = value, ""
     if value.startswith("["):
@@ -223,6 +246,8 @@ Libtorch = Annotated[str, AfterValidator(_libtorch)]
 SourceSpecText = Annotated[str, AfterValidator(_spec(parse_source))]
 DataSourceText = Annotated[str, AfterValidator(_spec(parse_data_source))]
 ControllerAddress = Annotated[str, AfterValidator(_controller_address)]
+CommandName = Annotated[str, AfterValidator(_command_name)]
+CommandLine = Annotated[list[str], BeforeValidator(_split_command), AfterValidator(_command_line)]
 Devices = Annotated[
     DeviceOffer,
     PlainValidator(parse_devices),
@@ -516,6 +541,9 @@ class FdlConfig(_Model):
     cluster: Cluster | None = Field(None, description="the cluster: controller and workers")
     join: Join | None = Field(None, description="walk-in defaults for `fdl join`")
     publish: Publish | None = Field(None, description="defaults for `fdl publish`")
+    commands: dict[CommandName, CommandLine] = Field(
+        default_factory=dict, description="named run commands for `fdl @<cluster> <name>`"
+    )
 
 
 # Keys of older schemas, with what replaced them.

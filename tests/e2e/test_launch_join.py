@@ -125,3 +125,38 @@ def test_launch_on_a_terminal_shows_a_live_roster_and_fails_at_the_cap(tmp_path:
     assert proc.returncode == 1
     assert "waiting: 0 ranks (quorum 1) from nobody yet" in proc.stdout
     assert "quorum not met: 0 of 1 ranks joined before the hard cap" in proc.stdout
+
+
+def test_at_cluster_runs_a_named_command_of_fdl_yml(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "ran"
+    (tmp_path / "fdl.yml").write_text(
+        "commands:\n"
+        f"  train: [{json.dumps(sys.executable)}, -c,\n"
+        "          \"import sys; open(sys.argv[1], 'w').write(sys.argv[2])\"]\n"
+    )
+    (tmp_path / "fdl.cluster.yml").write_text(
+        "cluster:\n  controller:\n"
+        f"    host: 127.0.0.1\n    port: {port}\n"
+        "    join: {discovery: true, min_rank_start: 1, join_timeout: 1, max_join_timeout: 30}\n"
+    )
+    launch = subprocess.Popen(
+        ["fdl", "@cluster", "train", str(out), "epoch-3"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: state(tmp_path).get("phase") == "waiting")
+        joined = fdl("join", f"127.0.0.1:{port}", "--devices", "cpu:1", "--host", "solo", cwd=tmp_path)
+        assert joined.returncode == 0, joined.stderr
+        assert launch.wait(timeout=30) == 0
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert out.read_text() == "epoch-3"
+    unknown = fdl("@cluster", "trian", cwd=tmp_path)
+    assert unknown.returncode == 2 and "did you mean `train`?" in unknown.stderr
+    missing = fdl("@nowhere", "train", cwd=tmp_path)
+    assert missing.returncode == 2 and "no fdl.nowhere.yml here" in missing.stderr

@@ -125,12 +125,18 @@ join_blocks = st.fixed_dictionaries(
 
 
 @settings(max_examples=150, deadline=None)
-@given(clusters(), st.one_of(st.none(), join_blocks))
+@given(
+    clusters(),
+    st.one_of(st.none(), join_blocks),
+    st.dictionaries(names, st.lists(st.text(max_size=12), min_size=1, max_size=4), max_size=3),
+)
 def test_valid_models_round_trip_through_yaml_and_json(
-    data: dict[str, Any], join: dict[str, Any] | None
+    data: dict[str, Any], join: dict[str, Any] | None, commands: dict[str, list[str]]
 ) -> None:
     if join is not None:
         data = {**data, "join": join}
+    if commands:
+        data = {**data, "commands": commands}
     model = validate_data(data)
     again = validate_document(parse_yaml(to_yaml(model), "roundtrip.yml"))
     assert again == model
