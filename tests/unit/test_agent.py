@@ -1,0 +1,101 @@
+"""The agent's pure parts: backoff, specs, offers, rank environments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flodl_agent.agent import (
+    AgentFailure,
+    AgentOptions,
+    Attempt,
+    Offer,
+    next_backoff,
+    parse_agent_spec,
+    resolve_offer,
+    split_address,
+)
+from flodl_agent.config import DeviceOffer
+from flodl_agent.messages import HostEnvelope, WorldFormed
+
+
+def test_backoff_doubles_from_5s_to_60s_and_resets_after_a_long_attempt() -> None:
+    delays, delay = [], None
+    for _ in range(7):
+        delay = next_backoff(delay, attempt_seconds=1.0)
+        delays.append(delay)
+    assert delays == [5, 10, 20, 40, 60, 60, 60]
+    assert next_backoff(60, attempt_seconds=121.0) == 5  # a real run happened: start over
+
+
+def test_agent_spec_round_trip_and_refusals() -> None:
+    raw = (
+        json.dumps(
+            {
+                "host": "box",
+                "controller_host": "10.0.0.1",
+                "controller_port": 7000,
+                "key": "ab" * 16,
+                "devices": "cpu:2",
+            }
+        )
+        .encode()
+        .hex()
+    )
+    spec = parse_agent_spec(raw)
+    assert (spec.host, spec.controller_port, spec.devices) == ("box", 7000, "cpu:2")
+    for bad in ("zz", "7b7d7b", json.dumps({"controller_port": 0}).encode().hex()):
+        with pytest.raises(ValueError, match="agent spec"):
+            parse_agent_spec(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10.0.0.1:7000", ("10.0.0.1", 7000)),
+        ("ctrl", ("ctrl", 1337)),
+        ("[fd00::1]:9", ("fd00::1", 9)),
+        ("[fd00::1]", ("fd00::1", 1337)),
+    ],
+)
+def test_split_address(text: str, expected: tuple[str, int]) -> None:
+    assert split_address(text) == expected
+
+
+def test_cpu_offers_need_no_gpu() -> None:
+    offer = resolve_offer(DeviceOffer("cpu", cpus=3))
+    assert offer.devices == ["cpu:0", "cpu:1", "cpu:2"] and offer.variant == "cpu"
+
+
+def test_a_box_without_gpus_offering_gpus_is_a_permanent_failure() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this box has a GPU")
+    with pytest.raises(AgentFailure) as caught:
+        resolve_offer(DeviceOffer("all"))
+    assert caught.value.code == 2 and "no usable GPU" in caught.value.message
+    assert "--devices cpu:N" in caught.value.fix
+
+
+def test_rank_env_uses_the_road_this_join_took_and_the_entry_point_override() -> None:
+    options = AgentOptions(host="b", data_path="/flodl/data", env={"NCCL_DEBUG": "INFO"}, bin="/opt/b/train")
+    attempt = Attempt(options, Offer(["cuda:0", "cuda:3"], ["A100", "A100"], "cu128"), lambda _: None)
+    world = WorldFormed(
+        world_size=5,
+        hosts=[HostEnvelope(host="a", first_rank=0, count=3), HostEnvelope(host="b", first_rank=3, count=2)],
+        controller="10.0.0.1:1337",  # the controller's view; this box came through a tunnel
+        command=["/opt/a/train", "--epochs", "3"],
+        env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"},
+    )
+    envs = attempt.rank_env(world, "127.0.0.1:40111")
+    assert [(e["RANK"], e["LOCAL_RANK"], e["CUDA_VISIBLE_DEVICES"]) for e in envs] == [
+        ("3", "0", "0"),
+        ("4", "1", "3"),
+    ]
+    first = envs[0]
+    assert (first["WORLD_SIZE"], first["LOCAL_WORLD_SIZE"], first["GROUP_RANK"]) == ("5", "2", "1")
+    assert (first["MASTER_ADDR"], first["MASTER_PORT"]) == ("127.0.0.1", "40111")
+    assert first["NCCL_DEBUG"] == "INFO" and first["OMP_NUM_THREADS"] == "4"  # host env beats cluster env
+    assert first["FLODL_DATA_PATH"] == "/flodl/data"
+    assert attempt.command(world) == ["/opt/b/train", "--epochs", "3"]
