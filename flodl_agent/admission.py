@@ -9,7 +9,7 @@ re-dialling can help (transient) or not (permanent).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .messages import Hello, Plane
@@ -26,16 +26,57 @@ def _major_minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def _first(members: Sequence[Hello], attr: str) -> tuple[Hello, str] | None:
-    for member in members:
-        value = getattr(member, attr)
-        if value:
-            return member, value
-    return None
+_REFERENCES = ("vendor", "nccl", "model_sig", "dataset_sig")
 
 
-def check(members: Sequence[Hello], hello: Hello, plane: Plane) -> Refusal | None:
-    """``None`` when ``hello`` may join ``members``; otherwise why not."""
+class Cohort:
+    """The hellos admitted so far, in admission order.
+
+    Keeps, for each compared attribute, the first member that set it, so a
+    check costs O(1) however many boxes walked in; only the departure of such
+    a reference member costs a scan.
+    """
+
+    def __init__(self) -> None:
+        self._by_host: dict[str, Hello] = {}
+        self._refs: dict[str, Hello | None] = dict.fromkeys(_REFERENCES)
+
+    @classmethod
+    def of(cls, hellos: Iterable[Hello]) -> Cohort:
+        cohort = cls()
+        for hello in hellos:
+            cohort.add(hello)
+        return cohort
+
+    def __contains__(self, host: object) -> bool:
+        return host in self._by_host
+
+    def __len__(self) -> int:
+        return len(self._by_host)
+
+    @property
+    def first(self) -> Hello | None:
+        return next(iter(self._by_host.values()), None)
+
+    def reference(self, attr: str) -> Hello | None:
+        """The first member, in admission order, with a non-empty ``attr``."""
+        return self._refs[attr]
+
+    def add(self, hello: Hello) -> None:
+        self._by_host[hello.host] = hello
+        for attr in _REFERENCES:
+            if self._refs[attr] is None and getattr(hello, attr):
+                self._refs[attr] = hello
+
+    def remove(self, host: str) -> None:
+        gone = self._by_host.pop(host, None)
+        for attr in _REFERENCES:
+            if gone is not None and self._refs[attr] is gone:
+                self._refs[attr] = next((h for h in self._by_host.values() if getattr(h, attr)), None)
+
+
+def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
+    """``None`` when ``hello`` may join ``cohort``; otherwise why not."""
     if not hello.host.strip():
         return Refusal("the hello names no host", "give the box a name with --host NAME", permanent=True)
     if not hello.devices:
@@ -49,7 +90,7 @@ def check(members: Sequence[Hello], hello: Hello, plane: Plane) -> Refusal | Non
         if device in seen:
             return Refusal(f"device {device} is offered twice", "list each device once in --devices", True)
         seen.add(device)
-    if any(m.host == hello.host for m in members):
+    if hello.host in cohort:
         return Refusal(
             f"host {hello.host} already joined this run",
             "a stale worker from a previous launch still holds the name, or two boxes share a "
@@ -62,44 +103,44 @@ def check(members: Sequence[Hello], hello: Hello, plane: Plane) -> Refusal | Non
                 "offer GPUs, or run the job in a CPU mode (gloo or a cpu_* ElChe mode)",
                 permanent=True,
             )
-        ref = _first(members, "vendor")
-        if ref is not None and ref[1] != hello.vendor:
+        ref = cohort.reference("vendor")
+        if ref is not None and ref.vendor != hello.vendor:
             return Refusal(
                 f"GPU vendor mismatch: this box is {hello.vendor} ({hello.variant}), the cohort is "
-                f"{ref[1]} ({ref[0].variant}, first joined by {ref[0].host})",
+                f"{ref.vendor} ({ref.variant}, first joined by {ref.host})",
                 "a CUDA box and a ROCm box cannot share an NCCL/RCCL data plane; use a CPU ElChe mode "
                 "(which mixes vendors legally) or a one-vendor fleet",
                 permanent=True,
             )
-        ref = _first(members, "nccl")
-        if ref is not None and hello.nccl and _major_minor(ref[1]) != _major_minor(hello.nccl):
+        ref = cohort.reference("nccl")
+        if ref is not None and hello.nccl and _major_minor(ref.nccl) != _major_minor(hello.nccl):
             return Refusal(
-                f"NCCL version skew: this box loads NCCL {hello.nccl}, the cohort {ref[1]} "
-                f"(from {ref[0].host})",
+                f"NCCL version skew: this box loads NCCL {hello.nccl}, the cohort {ref.nccl} "
+                f"(from {ref.host})",
                 "align the torch variants so every box loads the same NCCL major.minor, or pin "
                 "one nvidia-nccl wheel across the fleet",
                 permanent=True,
             )
-    if members and members[0].run_id != hello.run_id:
+    first = cohort.first
+    if first is not None and first.run_id != hello.run_id:
         return Refusal(
             f"run identity mismatch: this box holds run {hello.run_id or '(none)'}, the cohort "
-            f"{members[0].run_id or '(none)'}",
+            f"{first.run_id or '(none)'}",
             "a publish landed between two boxes' fetches; nothing to fix: the stale side picks the "
             "new run up on its next dial",
         )
-    ref = _first(members, "model_sig")
-    if ref is not None and hello.model_sig and ref[1] != hello.model_sig:
+    ref = cohort.reference("model_sig")
+    if ref is not None and hello.model_sig and ref.model_sig != hello.model_sig:
         return Refusal(
             f"model mismatch: the model this box builds differs from the cohort's (first "
-            f"signed by {ref[0].host})",
+            f"signed by {ref.host})",
             "this box runs different model code: a stale source tree, a wrong --bin, or different "
             "arguments; fix it and --persist re-dials",
         )
-    ref = _first(members, "dataset_sig")
-    if ref is not None and hello.dataset_sig and ref[1] != hello.dataset_sig:
+    ref = cohort.reference("dataset_sig")
+    if ref is not None and hello.dataset_sig and ref.dataset_sig != hello.dataset_sig:
         return Refusal(
-            f"dataset mismatch: this box's data root differs from the cohort's (first signed "
-            f"by {ref[0].host})",
+            f"dataset mismatch: this box's data root differs from the cohort's (first signed by {ref.host})",
             "sync the data root (or mount the shared one read-only with join.data_source)",
         )
     return None

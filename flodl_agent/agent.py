@@ -317,8 +317,7 @@ class Attempt:
 
     def rank_env(self, world: WorldFormed, road: str) -> list[dict[str, str]]:
         """Per-rank environments: torchrun's variables plus what only this box knows."""
-        mine = next(h for h in world.hosts if h.host == self.options.host)
-        group = [h.host for h in world.hosts].index(self.options.host)
+        mine, group = world.host, world.group
         # The agent trusts its own road: the controller's idea of its address
         # is wrong behind a tunnel or NAT; the one this join used is proven.
         master_addr, _, master_port = road.rpartition(":")
@@ -360,9 +359,9 @@ class Attempt:
         writer: asyncio.StreamWriter,
         codec: wire.Codec,
     ) -> int:
-        mine = next((h for h in world.hosts if h.host == self.options.host), None)
-        if mine is None:
-            raise AgentFailure("the formed world does not include this host")
+        mine = world.host
+        if mine.host != self.options.host:
+            raise AgentFailure(f"the formed world was addressed to {mine.host}, not this host")
         command = self.command(world)
         self.log(
             f"world formed: {world.world_size} ranks; this host runs "

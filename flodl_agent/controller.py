@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import ipaddress
 import json
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,26 +24,25 @@ from urllib.parse import parse_qs
 import h11
 
 from . import wire
-from .admission import DialGuard, Refusal, check
+from .admission import Cohort, DialGuard, Refusal, check
 from .messages import (
     Accept,
     BadMessage,
     Challenge,
     Hello,
-    HostEnvelope,
     Plane,
     RankExited,
     Reject,
-    WorldFormed,
 )
 from .messages import parse as parse_message
-from .ranks import assign_contiguous
+from .ranks import RankRange, assign_contiguous
 from .window import Fail, Form, Keep, Window, WindowClosed, WindowConfig
 
 PREAMBLE_TIMEOUT = 5.0
 HELLO_TIMEOUT = 10.0
 HTTP_TIMEOUT = 10.0
 HTTP_MAX_BODY = 4096
+SHIP_BATCH = 512
 
 
 def is_loopback(host: str) -> bool:
@@ -102,6 +102,9 @@ class Controller:
         self.join_key = wire.OPEN_KEY if self.open else self.key
         self.window = Window(settings.window, self.clock())
         self.links: dict[str, Link] = {}
+        self.cohort = Cohort()
+        # /state.json's roster as JSON text per host, in admission order; None = rebuild
+        self._roster: dict[str, str] | None = {}
         self.guard = DialGuard()
         self.dropped: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
@@ -118,7 +121,11 @@ class Controller:
     async def start(self) -> None:
         try:
             self._server = await asyncio.start_server(
-                self._serve, self.settings.bind, self.settings.port, limit=wire.CONTROL_MAX
+                self._serve,
+                self.settings.bind,
+                self.settings.port,
+                limit=wire.CONTROL_MAX,
+                backlog=socket.SOMAXCONN,  # a storm of walk-ins must not overflow the accept queue
             )
         except OSError as exc:
             raise BindError(
@@ -178,29 +185,45 @@ class Controller:
 
     def _form(self, decision: Form) -> None:
         ranges = assign_contiguous([(m.host, m.ranks) for m in decision.members])
-        world = sum(r.count for r in ranges)
-        formed = WorldFormed(
-            world_size=world,
-            hosts=[
-                HostEnvelope(
-                    host=r.host,
-                    first_rank=r.start,
-                    count=r.count,
-                    data_path=self.links[r.host].hello.data_path,
-                )
-                for r in ranges
-            ],
-            controller=f"{self.settings.bind}:{self.port}",
-            command=self.settings.command,
-            plane=self.settings.plane,
-            env=self.settings.env,
-            run=self.settings.run,
-        )
-        body = formed.model_dump(mode="python")
-        for link in self.links.values():
-            link.send(wire.Kind.WORLD_FORMED, body)
+        common = {
+            "world_size": ranges[-1].stop if ranges else 0,
+            "hosts": len(ranges),
+            "controller": f"{self.settings.bind}:{self.port}",
+            "command": self.settings.command,
+            "plane": self.settings.plane,
+            "env": self.settings.env,
+            "run": self.settings.run,
+        }
+        self._spawn(self._ship(ranges, common))
+
+    async def _ship(self, ranges: list[RankRange], common: dict[str, Any]) -> None:
+        """Send every host its share of the world.
+
+        The window enters training before the first share goes out: a host that
+        gets its share early may finish (or die) before the last one is sent,
+        and the training phase is what knows how to judge that.
+        """
         self.window.formed(self.clock())
-        self.log(f"world formed: {world} ranks on {len(ranges)} hosts; training")
+        try:
+            for group, r in enumerate(ranges):
+                if self.window.phase == "failed":
+                    return  # a host died meanwhile: Abort went out instead
+                link = self.links.get(r.host)
+                if link is None:
+                    continue  # its link closed after the freeze; training already judged it
+                share = {
+                    "host": r.host,
+                    "first_rank": r.start,
+                    "count": r.count,
+                    "data_path": link.hello.data_path,
+                }
+                link.send(wire.Kind.WORLD_FORMED, {**common, "host": share, "group": group})
+                if group % SHIP_BATCH == SHIP_BATCH - 1:
+                    await asyncio.sleep(0)  # let status requests through during a fleet-sized fan-out
+        except Exception as exc:  # a formation that cannot ship must fail loudly, not hang
+            self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
+            return
+        self.log(f"world formed: {common['world_size']} ranks on {len(ranges)} hosts; training")
 
     def _fail(self, reason: str) -> None:
         self.log(f"run failed: {reason}")
@@ -308,8 +331,8 @@ class Controller:
             )
             await writer.drain()
             return
-        link = Link(hello, writer, codec, now, peer)
-        self.links[hello.host] = link
+        link = Link(hello, writer, codec, time.time(), peer)
+        self._register(link, first)
         accept = Accept(
             ranks=(first, count),
             salt=self.salt if self.open else None,
@@ -326,7 +349,7 @@ class Controller:
         except (ConnectionError, OSError):
             # A failed Accept write rolls the admission back.
             if self.links.get(hello.host) is link:
-                del self.links[hello.host]
+                self._unregister(link)
                 self._apply(self.window.leave(hello.host, self.clock()))
             return
         self.admitted += 1
@@ -342,7 +365,7 @@ class Controller:
                 f"the window is closed (phase {self.window.phase})",
                 "wait for the next run; --persist re-dials",
             )
-        return check([link.hello for link in self.links.values()], hello, self.settings.plane)
+        return check(self.cohort, hello, self.settings.plane)
 
     async def _link(self, reader: asyncio.StreamReader, link: Link) -> None:
         """The host's control link for the whole run; its EOF is the host's exit."""
@@ -369,8 +392,19 @@ class Controller:
             pass
         finally:
             if self.links.get(host) is link:
-                del self.links[host]
+                self._unregister(link)
                 self._closed(link)
+
+    def _register(self, link: Link, first: int) -> None:
+        self.links[link.hello.host] = link
+        self.cohort.add(link.hello)
+        if self._roster is not None:  # an arrival appends; nobody's ranks move
+            self._roster[link.hello.host] = self._host_json(link, first)
+
+    def _unregister(self, link: Link) -> None:
+        del self.links[link.hello.host]
+        self.cohort.remove(link.hello.host)
+        self._roster = None
 
     def _closed(self, link: Link) -> None:
         host = link.hello.host
@@ -388,31 +422,47 @@ class Controller:
 
     # --- HTTP: /state.json and /start ----------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        now = self.clock()
-        snap = dict(self.window.snapshot(now))
-        snap.pop("members", None)
-        ranges = {r.host: r for r in assign_contiguous([(m.host, m.ranks) for m in self.window.members])}
-        snap["hosts"] = [
+    @staticmethod
+    def _host_json(link: Link, first: int) -> str:
+        hello = link.hello
+        return json.dumps(
             {
-                "host": host,
-                "ranks": [ranges[host].start, ranges[host].stop] if host in ranges else None,
-                "devices": link.hello.devices,
-                "device_labels": link.hello.device_labels,
-                "variant": link.hello.variant,
-                "joined_s_ago": round(now - link.joined_at, 1),
+                "host": hello.host,
+                "ranks": [first, first + len(hello.devices)],
+                "devices": hello.devices,
+                "device_labels": hello.device_labels,
+                "variant": hello.variant,
+                "joined_at": round(link.joined_at, 1),
             }
-            for host, link in self.links.items()
-        ]
-        snap.update(
-            run=self.settings.run,
-            port=self.port,
-            plane=self.settings.plane,
-            admitted=self.admitted,
-            refused=dict(self.refused),
-            dropped=dict(self.dropped),
         )
-        return snap
+
+    def _roster_json(self) -> str:
+        if self._roster is None:
+            # A departure shifted ranks: rebuild once, then arrivals append again.
+            ranges = assign_contiguous([(m.host, m.ranks) for m in self.window.members])
+            self._roster = {
+                r.host: self._host_json(self.links[r.host], r.start) for r in ranges if r.host in self.links
+            }
+        return "[" + ",".join(self._roster.values()) + "]"
+
+    def _state_head(self) -> dict[str, Any]:
+        return self.window.snapshot(self.clock(), members=False) | {
+            "now": round(time.time(), 1),
+            "run": self.settings.run,
+            "port": self.port,
+            "plane": self.settings.plane,
+            "admitted": self.admitted,
+            "refused": dict(self.refused),
+            "dropped": dict(self.dropped),
+        }
+
+    def state_json(self) -> bytes:
+        """/state.json: the small live head, with the cached roster spliced in."""
+        head = json.dumps(self._state_head())
+        return f'{head[:-1]}, "hosts": {self._roster_json()}}}'.encode()
+
+    def state(self) -> dict[str, Any]:
+        return self._state_head() | {"hosts": json.loads(self._roster_json())}
 
     async def _http(
         self, preamble: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
@@ -446,7 +496,7 @@ class Controller:
         method = request.method.decode()
         target = request.target.decode().split("?")[0]
         if target == "/state.json" and method in ("GET", "HEAD"):
-            return await self._respond(writer, conn, 200, self.state(), head=method == "HEAD")
+            return await self._respond(writer, conn, 200, self.state_json(), head=method == "HEAD")
         if target == "/start" and method == "POST":
             status, payload = self._start(peer, body)
             return await self._respond(writer, conn, status, payload)
@@ -477,10 +527,10 @@ class Controller:
         writer: asyncio.StreamWriter,
         conn: h11.Connection,
         status: int,
-        payload: dict[str, Any],
+        payload: dict[str, Any] | bytes,
         head: bool = False,
     ) -> None:
-        data = json.dumps(payload).encode()
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         headers = [
             ("content-type", "application/json"),
             ("content-length", str(len(data))),

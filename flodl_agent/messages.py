@@ -81,8 +81,13 @@ class HostEnvelope(_Msg):
 
 
 class WorldFormed(_Msg):
+    """The formed world as one host needs it: its own share, never the whole roster
+    (which would make formation O(N^2) and outgrow the frame cap at fleet scale)."""
+
     world_size: int
-    hosts: list[HostEnvelope]
+    host: HostEnvelope
+    group: int  # this host's index among the hosts (GROUP_RANK)
+    hosts: int
     controller: str  # host:port as the controller sees itself; the agent rewrites it
     command: list[str]
     plane: Plane = "cpu"

@@ -105,6 +105,12 @@ def _clock(seconds: Any) -> str:
     return f"{s // 60}m{s % 60:02d}s"
 
 
+def _ago(state: dict[str, Any], host: dict[str, Any]) -> float | None:
+    # Both times are the controller's: no clock skew between it and this terminal.
+    now, joined = state.get("now"), host.get("joined_at")
+    return now - joined if isinstance(now, (int, float)) and isinstance(joined, (int, float)) else None
+
+
 def group_devices(labels: list[str]) -> str:
     counts = Counter(labels)
     return ", ".join(f"{n}x {name}" for name, n in counts.items()) or "-"
@@ -145,7 +151,7 @@ def render(state: dict[str, Any]) -> list[Text | Table]:
             f"[{ranks[0]}..{ranks[1]})" if ranks else "-",
             group_devices(host.get("device_labels") or host.get("devices") or []),
             str(host.get("variant", "-")),
-            f"{_clock(host.get('joined_s_ago'))} ago",
+            f"{_clock(_ago(state, host))} ago",
         )
     if state.get("hosts"):
         out.append(table)

@@ -129,7 +129,9 @@ class Window:
         self._cap = opened_at + config.max_join_timeout
         self._phase: Phase = "waiting"
         self._armed = False
-        self._members: list[Member] = []
+        # host -> member, in admission order; the running rank count keeps joins O(1)
+        self._members: dict[str, Member] = {}
+        self._ranks = 0
         self._closed: set[str] = set()
         self._failure: str | None = None
         self._deadline: float | None = self._window_end
@@ -150,11 +152,11 @@ class Window:
 
     @property
     def members(self) -> tuple[Member, ...]:
-        return tuple(self._members)
+        return tuple(self._members.values())
 
     @property
     def joined_ranks(self) -> int:
-        return sum(m.ranks for m in self._members)
+        return self._ranks
 
     @property
     def failure(self) -> str | None:
@@ -180,18 +182,19 @@ class Window:
             raise WindowClosed(self._phase)
         if ranks < 1:
             raise ValueError(f"host {host} offers {ranks} ranks; a host carries at least one rank")
-        if any(m.host == host for m in self._members):
+        if host in self._members:
             raise ValueError(f"host {host} already joined this run")
-        self._members.append(Member(host, ranks, now))
+        self._members[host] = Member(host, ranks, now)
+        self._ranks += ranks
         return self.decide(now)
 
     def leave(self, host: str, now: float) -> Decision:
         """A host's join link closed."""
-        if host not in {m.host for m in self._members}:
+        if host not in self._members:
             raise ValueError(f"host {host} is not a member of this run")
         if self._phase in _OPEN:
             # Its dial died before the freeze: its ranks simply never happened.
-            self._members = [m for m in self._members if m.host != host]
+            self._ranks -= self._members.pop(host).ranks
             if self._armed and self.joined_ranks < self._config.quorum:
                 # Arming below quorum is refused, never queued: losing quorum disarms.
                 self._armed = False
@@ -274,8 +277,11 @@ class Window:
         self._deadline = None
         return Fail(reason)
 
-    def snapshot(self, now: float) -> dict[str, object]:
-        """What ``fdl status`` shows: JSON-able, countdowns relative to ``now``."""
+    def snapshot(self, now: float, members: bool = True) -> dict[str, object]:
+        """What ``fdl status`` shows: JSON-able, countdowns relative to ``now``.
+
+        ``members=False`` leaves out the roster (O(N)) for callers that keep their own.
+        """
         live = self._phase in _OPEN
         cfg = self._config
         return {
@@ -289,12 +295,15 @@ class Window:
             "window_left_s": self._window_end - now if live and now < self._window_end else None,
             "cap_left_s": self._cap - now if live and now < self._cap else None,
             "failure": self._failure,
-            "members": [{"host": m.host, "ranks": m.ranks, "joined_at": m.joined_at} for m in self._members],
-        }
+        } | (
+            {"members": [{"host": m.host, "ranks": m.ranks, "joined_at": m.joined_at} for m in self.members]}
+            if members
+            else {}
+        )
 
     # -- internals -------------------------------------------------------
 
     def _form(self) -> Form:
         self._phase = "forming"
         self._deadline = None
-        return Form(tuple(self._members))
+        return Form(self.members)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flodl_agent.admission import DialGuard, check
+from flodl_agent.admission import Cohort, DialGuard, check
 from flodl_agent.messages import Hello, Plane
 
 NONCE = b"n" * 16
@@ -39,7 +39,7 @@ CUDA = {"variant": "cu128", "nccl": "2.27.3"}
     ],
 )
 def test_refusals(members: list[Hello], candidate: Hello, plane: Plane, reason: str, permanent: bool) -> None:
-    refusal = check(members, candidate, plane)
+    refusal = check(Cohort.of(members), candidate, plane)
     assert refusal is not None and reason in refusal.reason and refusal.fix
     assert refusal.permanent is permanent
 
@@ -57,13 +57,18 @@ def test_refusals(members: list[Hello], candidate: Hello, plane: Plane, reason: 
     ],
 )
 def test_admitted(members: list[Hello], candidate: Hello, plane: Plane) -> None:
-    assert check(members, candidate, plane) is None
+    assert check(Cohort.of(members), candidate, plane) is None
 
 
 def test_the_reference_leaves_with_its_member() -> None:
     # the cohort's model signature is read off the members present now
-    assert check([hello("b", model_sig="bb")], hello("c", model_sig="cc"), "cpu") is not None
-    assert check([hello("b")], hello("c", model_sig="cc"), "cpu") is None
+    cohort = Cohort.of([hello("a", model_sig="aa"), hello("b", model_sig="bb")])
+    assert check(cohort, hello("c", model_sig="bb"), "cpu") is not None  # a's signature rules
+    cohort.remove("a")
+    assert check(cohort, hello("c", model_sig="bb"), "cpu") is None  # now b's does
+    cohort.remove("b")
+    assert check(cohort, hello("c", model_sig="cc"), "cpu") is None
+    assert "b" not in cohort and len(cohort) == 0
 
 
 def test_dial_guard_budget_refills() -> None:

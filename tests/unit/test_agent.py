@@ -83,7 +83,9 @@ def test_rank_env_uses_the_road_this_join_took_and_the_entry_point_override() ->
     attempt = Attempt(options, Offer(["cuda:0", "cuda:3"], ["A100", "A100"], "cu128"), lambda _: None)
     world = WorldFormed(
         world_size=5,
-        hosts=[HostEnvelope(host="a", first_rank=0, count=3), HostEnvelope(host="b", first_rank=3, count=2)],
+        host=HostEnvelope(host="b", first_rank=3, count=2),
+        group=1,
+        hosts=2,
         controller="10.0.0.1:1337",  # the controller's view; this box came through a tunnel
         command=["/opt/a/train", "--epochs", "3"],
         env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"},
