@@ -12,10 +12,10 @@ import pytest
 ROOT = Path(__file__).parents[2]
 
 
-@pytest.mark.parametrize("name", ["config_load"])
-def test_benchmark_quick_run_reports_json(name: str) -> None:
+@pytest.mark.parametrize(("name", "args"), [("config_load", ["--quick"]), ("join_storm", ["--n", "50"])])
+def test_benchmark_quick_run_reports_json(name: str, args: list[str]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", f"bench.{name}", "--quick"],
+        [sys.executable, "-m", f"bench.{name}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
