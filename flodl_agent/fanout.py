@@ -63,7 +63,8 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes) -> Plan:
         for option in ssh.options:
             argv += ["-o", option]
     dial_host, dial_port = ctl_host, port
-    if worker.tunnel:
+    # Under tunnel_only the controller binds loopback: every worker must come through ssh.
+    if worker.tunnel or cluster.controller.join.tunnel_only:
         # The worker's traffic rides this session: a remote forward on the worker's loopback.
         argv += ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:127.0.0.1:{port}"]
         dial_host = "127.0.0.1"

@@ -39,10 +39,15 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         raise LaunchError(
             str(exc), "list devices explicitly, or set cluster.controller.join.min_rank_start"
         ) from None
+    bind = options.bind or cluster.controller.host
+    if join.tunnel_only and bind not in ("127.0.0.1", "::1", "localhost"):
+        # Reachability through the guardrailed sshd is the credential: nothing else may reach the port.
+        log(f"tunnel_only: binding 127.0.0.1 instead of {bind}; walk-ins arrive through the join door")
+        bind = "127.0.0.1"
     settings = Settings(
         window=window,
         command=options.command,
-        bind=options.bind or cluster.controller.host,
+        bind=bind,
         port=cluster.controller.port if options.port is None else options.port,
         token=join.token,
         open_admission=join.open_admission,

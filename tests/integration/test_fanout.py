@@ -145,3 +145,21 @@ def test_a_worker_that_cannot_be_reached_fails_the_launch_at_once(sshd: Sshd, tm
     assert proc.returncode == 1
     assert "fan-out to fan-" in proc.stderr and "quorum 2 is out of reach" in proc.stderr
     assert "Permission denied" in proc.stderr  # the ssh client's own words, forwarded
+
+
+def test_tunnel_only_binds_loopback_and_tunnels_every_worker() -> None:
+    from flodl_agent.launcher import LaunchOptions, controller_for
+
+    cluster = (
+        ClusterBuilder()
+        .controller("10.0.0.1")
+        .join(discovery=True, tunnel_only=True, min_rank_start=1)
+        .worker("node-a")
+        .build()
+    )
+    logs: list[str] = []
+    ctl = controller_for(cluster, LaunchOptions(command=["true"]), logs.append)
+    assert ctl.settings.bind == "127.0.0.1" and ctl.open  # loopback: reachability is the credential
+    assert any("tunnel_only: binding 127.0.0.1 instead of 10.0.0.1" in line for line in logs)
+    p = plan(cluster.workers[0], cluster, 1337, bytes(16))
+    assert "-R" in p.argv
