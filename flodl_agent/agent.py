@@ -198,10 +198,17 @@ class Tunnel:
 class Attempt:
     """One dial: hello, admission, the formed world, the ranks."""
 
-    def __init__(self, options: AgentOptions, offer: Offer, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        options: AgentOptions,
+        offer: Offer,
+        log: Callable[[str], None],
+        on_wait: Callable[[bool], None] = lambda _: None,
+    ) -> None:
         self.options = options
         self.offer = offer
         self.log = log
+        self.on_wait = on_wait  # True while admitted and waiting for the world (a spinner's cue)
         self.children: list[asyncio.subprocess.Process] = []
 
     async def _frame(
@@ -307,12 +314,16 @@ class Attempt:
             f"admitted as {self.options.host}: ranks [{first_rank}..{first_rank + count}) (provisional); "
             "waiting for the world to form"
         )
-        while True:
-            message = parse_message(await self._frame(reader, codec, None))
-            if isinstance(message, Abort):
-                raise AgentFailure(f"the controller aborted the run: {message.reason}")
-            if isinstance(message, WorldFormed):
-                break
+        self.on_wait(True)
+        try:
+            while True:
+                message = parse_message(await self._frame(reader, codec, None))
+                if isinstance(message, Abort):
+                    raise AgentFailure(f"the controller aborted the run: {message.reason}")
+                if isinstance(message, WorldFormed):
+                    break
+        finally:
+            self.on_wait(False)
         return await self._train(message, road, reader, writer, codec)
 
     def rank_env(self, world: WorldFormed, road: str) -> list[dict[str, str]]:
@@ -445,9 +456,11 @@ async def _until_eof(reader: asyncio.StreamReader) -> None:
         pass
 
 
-async def join_once(options: AgentOptions, log: Callable[[str], None]) -> int:
+async def join_once(
+    options: AgentOptions, log: Callable[[str], None], on_wait: Callable[[bool], None] = lambda _: None
+) -> int:
     offer = resolve_offer(options.devices)
-    attempt = Attempt(options, offer, log)
+    attempt = Attempt(options, offer, log, on_wait)
     if options.ssh is None:
         return await attempt.run(options.controller_host, options.controller_port)
     async with Tunnel(options.ssh, options.controller_host, options.controller_port) as tunnel:
@@ -461,6 +474,7 @@ async def join(
     log: Callable[[str], None],
     backoff_start: float = BACKOFF_START,
     attempts: int | None = None,
+    on_wait: Callable[[bool], None] = lambda _: None,
 ) -> int:
     """``fdl join``: one attempt, or with ``persist`` a loop that stops only on a permanent failure."""
     delay: float | None = None
@@ -469,7 +483,7 @@ async def join(
         tries += 1
         started = time.monotonic()
         try:
-            code = await join_once(options, log)
+            code = await join_once(options, log, on_wait)
             if code == CLEAN:
                 log(f"run finished cleanly on {options.host}")
             else:

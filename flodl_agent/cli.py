@@ -439,7 +439,14 @@ def join_cmd(
         env={**block.env, **spec.env},
     )
     keep = block.persist if persist is None else persist
-    raise SystemExit(asyncio.run(run_join(options, persist=keep, log=_log, backoff_start=backoff)))
+    spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
+
+    def on_wait(waiting: bool) -> None:
+        if err.is_terminal:
+            (spinner.start if waiting else spinner.stop)()
+
+    code = asyncio.run(run_join(options, persist=keep, log=_log, backoff_start=backoff, on_wait=on_wait))
+    raise SystemExit(code)
 
 
 def _join_block(config_file: Path | None) -> Join:

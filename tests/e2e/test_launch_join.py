@@ -160,3 +160,31 @@ def test_at_cluster_runs_a_named_command_of_fdl_yml(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "did you mean `train`?" in unknown.stderr
     missing = fdl("@nowhere", "train", cwd=tmp_path)
     assert missing.returncode == 2 and "no fdl.nowhere.yml here" in missing.stderr
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script for a terminal")
+def test_a_waiting_agent_on_a_terminal_shows_a_spinner(tmp_path: Path) -> None:
+    port = free_port()
+    (tmp_path / "fdl.cluster.yml").write_text(
+        "cluster:\n  controller:\n"
+        f"    host: 127.0.0.1\n    port: {port}\n"
+        "    join: {discovery: true, min_rank_start: 1, join_timeout: 1, max_join_timeout: 30}\n"
+    )
+    launch = subprocess.Popen(
+        ["fdl", "launch", "--", "true"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for(lambda: state(tmp_path).get("phase") == "waiting")
+        proc = subprocess.run(
+            ["script", "-qec", f"fdl join 127.0.0.1:{port} --devices cpu:1 --host spun", "/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout
+        assert "admitted as spun; waiting for the world to form" in proc.stdout
+        assert launch.wait(timeout=30) == 0
+    finally:
+        if launch.poll() is None:
+            launch.kill()
