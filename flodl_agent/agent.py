@@ -332,9 +332,11 @@ class Attempt:
         # The agent trusts its own road: the controller's idea of its address
         # is wrong behind a tunnel or NAT; the one this join used is proven.
         master_addr, _, master_port = road.rpartition(":")
+        # Ranks run with this agent's environment's bin/ first: the torch variant's venv.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         envs = []
         for local, device in enumerate(self.offer.devices):
-            env = dict(os.environ)
+            env = dict(os.environ, PATH=path)
             env.update(world.env)
             env.update(self.options.env)
             env.update(
