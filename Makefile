@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup system-deps demo test lint typecheck unit clean
+.PHONY: setup system-deps demo test test-fast test-lab lint typecheck unit lab-up lab-down clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,7 @@ system-deps:
 $(STAMP): pyproject.toml | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,ansible]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: setup
@@ -24,6 +24,7 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ansible-lint --profile production site.yml playbooks roles
 
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -31,8 +32,21 @@ typecheck: setup
 unit: setup
 	$(VENV)/bin/pytest tests/unit
 
-test: lint typecheck
+# Everything but the lab: seconds.
+test-fast: lint typecheck
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest
+
+# The podman lab fleet: site.yml, idempotence, the door, a run (minutes).
+test-lab: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m lab tests/lab
+
+test: test-fast test-lab
+
+lab-up: setup
+	tests/lab/lab up
+
+lab-down:
+	tests/lab/lab down
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis

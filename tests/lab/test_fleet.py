@@ -1,0 +1,137 @@
+"""The fleet, for real: `ansible-playbook site.yml` against podman hosts booting
+systemd, idempotence, the door's guardrails, and a run whose workers walk in
+through the door's ssh tunnel.
+
+Marked `lab` (minutes, needs root and podman): `make test-lab` runs it, and
+`make test` runs that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).parents[2]
+LAB = ROOT / "tests" / "lab" / "lab"
+NAME = "flodl-labtest"
+CONTROLLER, WORKERS = f"{NAME}-controller", [f"{NAME}-worker-1", f"{NAME}-worker-2"]
+
+
+def _env(inventory: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LAB_NAME": NAME,
+        "LAB_SUBNET": "10.89.3.0/24",
+        "LAB_INVENTORY": str(inventory),
+        "ANSIBLE_FORCE_COLOR": "0",
+        "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+    }
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (podman with systemd containers)")
+    if shutil.which("ansible-playbook", path=str(ROOT / ".venv" / "bin")) is None:
+        pytest.skip("ansible is not installed in .venv (pip install '.[ansible]')")
+    inventory = tmp_path_factory.mktemp("inventory")
+    env = _env(inventory)
+    subprocess.run([str(LAB), "down"], env=env, check=False, capture_output=True)  # a stale one
+    up = subprocess.run([str(LAB), "up"], env=env, capture_output=True, text=True, timeout=1200, check=False)
+    assert up.returncode == 0, up.stderr[-3000:]
+    env["ANSIBLE_INVENTORY"] = str(inventory / "hosts.yml")
+    try:
+        yield env
+    finally:
+        subprocess.run([str(LAB), "down"], env=env, check=False, capture_output=True, timeout=300)
+
+
+def play(env: dict[str, str], playbook: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ansible-playbook", playbook, *extra], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=1500, check=False,
+    )
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    rows = re.findall(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", output, re.M)
+    return {host: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counts)} for host, counts in rows}
+
+
+def on(host: str, *argv: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    command = ["podman", "exec", *(["--user", user] if user else []), host, *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_site_converges_then_changes_nothing(lab: dict[str, str]) -> None:
+    first = play(lab, "site.yml")
+    assert first.returncode == 0, first.stdout[-4000:]
+    second = play(lab, "site.yml")
+    assert second.returncode == 0, second.stdout[-4000:]
+    counts = recap(second.stdout)
+    assert set(counts) == {CONTROLLER, *WORKERS}
+    assert {host: c["changed"] for host, c in counts.items()} == dict.fromkeys(counts, 0), second.stdout[-4000:]
+
+
+def test_the_door_effective_config(lab: dict[str, str]) -> None:
+    effective = on(CONTROLLER, "/usr/sbin/sshd", "-T", "-f", "/etc/flodl-door/sshd_config",
+                   "-C", "lport=2222,user=flodl-join,host=w,addr=10.89.3.11")
+    assert effective.returncode == 0, effective.stderr
+    config = effective.stdout.lower()
+    for line in ("allowtcpforwarding local", "permitopen 127.0.0.1:1337", "permittty no",
+                 "x11forwarding no", "allowagentforwarding no", "passwordauthentication no"):
+        assert line in config, line
+
+
+DOOR = ["ssh", "-i", "/opt/flodl/.ssh/join_ed25519", "-p", "2222", "-o", "BatchMode=yes",
+        "-o", "UserKnownHostsFile=/opt/flodl/.ssh/known_hosts", "-o", "StrictHostKeyChecking=yes"]
+
+
+def test_the_door_gives_no_shell_and_forwards_only_to_the_controller_port(lab: dict[str, str]) -> None:
+    worker, door = WORKERS[0], "flodl-join@10.89.3.10"
+    shell = on(worker, *DOOR, door, "echo", "pwned", user="flodl")
+    assert "pwned" not in shell.stdout and shell.returncode != 0
+    elsewhere = on(worker, *DOOR, "-W", "127.0.0.1:22", door, user="flodl")
+    assert elsewhere.returncode != 0 and "SSH-2.0" not in elsewhere.stdout
+    # host keys stay pinned: an unknown door is refused, never trusted on first use
+    unpinned = on(worker, *[a.replace("/opt/flodl/.ssh/known_hosts", "/dev/null") for a in DOOR], door, "true",
+                  user="flodl")
+    assert unpinned.returncode != 0 and "Host key verification failed" in unpinned.stderr
+
+
+def test_door_b_serves_the_tree_read_only(lab: dict[str, str]) -> None:
+    on(CONTROLLER, "sh", "-c", "echo published > /opt/flodl/run/tree/marker")
+    rsh = " ".join(DOOR)
+    listed = on(WORKERS[0], "rsync", "-e", rsh, "flodl-join@10.89.3.10:/tree/", user="flodl")
+    assert listed.returncode == 0 and "marker" in listed.stdout, listed.stderr
+    write = on(WORKERS[0], "sh", "-c", f"echo x > /tmp/w && rsync -e '{rsh}' /tmp/w flodl-join@10.89.3.10:/tree/w",
+               user="flodl")
+    assert write.returncode != 0
+    assert on(CONTROLLER, "test", "-e", "/opt/flodl/run/tree/w").returncode != 0
+
+
+def test_a_run_walks_both_workers_in_through_the_door(lab: dict[str, str]) -> None:
+    run = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "run complete: every host link closed" in run.stdout
+    for worker in WORKERS:
+        assert f"admitted {worker}" in run.stdout
+    units = [on(w, "systemctl", "is-enabled", "flodl-join.service").stdout.strip() for w in WORKERS]
+    assert units == ["enabled", "enabled"]
+
+
+def test_a_mistyped_variable_stops_the_play_naming_it(lab: dict[str, str]) -> None:
+    bad = play(lab, "site.yml", "-e", "flodl_worker_door_port=abc", "--check")
+    assert bad.returncode != 0
+    assert "flodl_worker_door_port" in bad.stdout and "convert to int" in bad.stdout
+    impossible = play(lab, "site.yml", "-e", json.dumps({"flodl_controller_door_port": 1337}), "--check")
+    assert impossible.returncode != 0 and "must be distinct ports" in impossible.stdout
