@@ -57,8 +57,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 
 def play(env: dict[str, str], playbook: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["ansible-playbook", playbook, *extra], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=1500, check=False,
+        ["ansible-playbook", playbook, *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
     )
 
 
@@ -79,21 +84,47 @@ def test_site_converges_then_changes_nothing(lab: dict[str, str]) -> None:
     assert second.returncode == 0, second.stdout[-4000:]
     counts = recap(second.stdout)
     assert set(counts) == {CONTROLLER, *WORKERS}
-    assert {host: c["changed"] for host, c in counts.items()} == dict.fromkeys(counts, 0), second.stdout[-4000:]
+    assert {host: c["changed"] for host, c in counts.items()} == dict.fromkeys(counts, 0), second.stdout[
+        -4000:
+    ]
 
 
 def test_the_door_effective_config(lab: dict[str, str]) -> None:
-    effective = on(CONTROLLER, "/usr/sbin/sshd", "-T", "-f", "/etc/flodl-door/sshd_config",
-                   "-C", "lport=2222,user=flodl-join,host=w,addr=10.89.3.11")
+    effective = on(
+        CONTROLLER,
+        "/usr/sbin/sshd",
+        "-T",
+        "-f",
+        "/etc/flodl-door/sshd_config",
+        "-C",
+        "lport=2222,user=flodl-join,host=w,addr=10.89.3.11",
+    )
     assert effective.returncode == 0, effective.stderr
     config = effective.stdout.lower()
-    for line in ("allowtcpforwarding local", "permitopen 127.0.0.1:1337", "permittty no",
-                 "x11forwarding no", "allowagentforwarding no", "passwordauthentication no"):
+    for line in (
+        "allowtcpforwarding local",
+        "permitopen 127.0.0.1:1337",
+        "permittty no",
+        "x11forwarding no",
+        "allowagentforwarding no",
+        "passwordauthentication no",
+    ):
         assert line in config, line
 
 
-DOOR = ["ssh", "-i", "/opt/flodl/.ssh/join_ed25519", "-p", "2222", "-o", "BatchMode=yes",
-        "-o", "UserKnownHostsFile=/opt/flodl/.ssh/known_hosts", "-o", "StrictHostKeyChecking=yes"]
+DOOR = [
+    "ssh",
+    "-i",
+    "/opt/flodl/.ssh/join_ed25519",
+    "-p",
+    "2222",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "UserKnownHostsFile=/opt/flodl/.ssh/known_hosts",
+    "-o",
+    "StrictHostKeyChecking=yes",
+]
 
 
 def test_the_door_gives_no_shell_and_forwards_only_to_the_controller_port(lab: dict[str, str]) -> None:
@@ -103,8 +134,13 @@ def test_the_door_gives_no_shell_and_forwards_only_to_the_controller_port(lab: d
     elsewhere = on(worker, *DOOR, "-W", "127.0.0.1:22", door, user="flodl")
     assert elsewhere.returncode != 0 and "SSH-2.0" not in elsewhere.stdout
     # host keys stay pinned: an unknown door is refused, never trusted on first use
-    unpinned = on(worker, *[a.replace("/opt/flodl/.ssh/known_hosts", "/dev/null") for a in DOOR], door, "true",
-                  user="flodl")
+    unpinned = on(
+        worker,
+        *[a.replace("/opt/flodl/.ssh/known_hosts", "/dev/null") for a in DOOR],
+        door,
+        "true",
+        user="flodl",
+    )
     assert unpinned.returncode != 0 and "Host key verification failed" in unpinned.stderr
 
 
@@ -113,8 +149,13 @@ def test_door_b_serves_the_tree_read_only(lab: dict[str, str]) -> None:
     rsh = " ".join(DOOR)
     listed = on(WORKERS[0], "rsync", "-e", rsh, "flodl-join@10.89.3.10:/tree/", user="flodl")
     assert listed.returncode == 0 and "marker" in listed.stdout, listed.stderr
-    write = on(WORKERS[0], "sh", "-c", f"echo x > /tmp/w && rsync -e '{rsh}' /tmp/w flodl-join@10.89.3.10:/tree/w",
-               user="flodl")
+    write = on(
+        WORKERS[0],
+        "sh",
+        "-c",
+        f"echo x > /tmp/w && rsync -e '{rsh}' /tmp/w flodl-join@10.89.3.10:/tree/w",
+        user="flodl",
+    )
     assert write.returncode != 0
     assert on(CONTROLLER, "test", "-e", "/opt/flodl/run/tree/w").returncode != 0
 
