@@ -53,7 +53,9 @@ def cluster_workers(hosts: list[str], hostvars: Any) -> list[dict[str, Any]]:
             "host": hv.get("flodl_worker_host_name") or host,
             "local_devices": hv.get("flodl_worker_local_devices", "all"),
         }
-        ifname = hv.get("flodl_worker_nccl_socket_ifname") or (facts.get("default_ipv4") or {}).get("interface")
+        ifname = hv.get("flodl_worker_nccl_socket_ifname") or (facts.get("default_ipv4") or {}).get(
+            "interface"
+        )
         if ifname:
             entry["nccl_socket_ifname"] = ifname
         variant = hv.get("flodl_worker_libtorch", "cpu")
