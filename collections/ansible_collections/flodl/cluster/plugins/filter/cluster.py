@@ -10,7 +10,8 @@ short_description: Describe inventory hosts as cluster.workers entries
 description:
   - Turns the hosts of a group into the C(cluster.workers) list of C(fdl.cluster.yml),
     reading each host's C(flodl_worker_*) variables and, where a value is unset,
-    the host's facts (C(nccl_socket_ifname) defaults to the interface of the default route).
+    the host's facts (C(nccl_socket_ifname) defaults to the interface of the default route;
+    C(local_devices=all) becomes the GPU indices that C(flodl.cluster.gpu_facts) found).
 positional: _input, hostvars
 options:
   _input:
@@ -49,10 +50,11 @@ def cluster_workers(hosts: list[str], hostvars: Any) -> list[dict[str, Any]]:
     for host in hosts:
         hv = hostvars[host]
         facts = hv.get("ansible_facts") or {}
-        entry: dict[str, Any] = {
-            "host": hv.get("flodl_worker_host_name") or host,
-            "local_devices": hv.get("flodl_worker_local_devices", "all"),
-        }
+        devices = hv.get("flodl_worker_local_devices", "all")
+        gpus = facts.get("flodl_gpu_count") or 0
+        if devices == "all" and gpus:
+            devices = list(range(gpus))  # probed: the cluster file carries the real count
+        entry: dict[str, Any] = {"host": hv.get("flodl_worker_host_name") or host, "local_devices": devices}
         ifname = hv.get("flodl_worker_nccl_socket_ifname") or (facts.get("default_ipv4") or {}).get(
             "interface"
         )
