@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import wire
 from .config.devices import DeviceOffer
 from .config.models import Ssh
+from .errors import Failure
 from .messages import Abort, Accept, BadMessage, Challenge, Hello, Reject, WorldFormed
 from .messages import parse as parse_message
 
@@ -41,11 +42,11 @@ BACKOFF_MAX = 60.0
 LONG_ATTEMPT = 120.0
 
 
-class AgentFailure(Exception):
+class AgentFailure(Failure):
+    """An attempt that failed: transient (re-dial) or permanent (stop)."""
+
     def __init__(self, message: str, fix: str = "", code: int = TRANSIENT) -> None:
-        super().__init__(message)
-        self.message = message
-        self.fix = fix
+        super().__init__(message, fix)
         self.code = code
 
 
@@ -491,7 +492,7 @@ async def join(
             else:
                 log("a rank failed; the run ended with errors")
         except AgentFailure as exc:
-            log(f"{exc.message}" + (f"\n    fix: {exc.fix}" if exc.fix else ""))
+            log(exc.render())
             code = exc.code
         if not persist or code == PERMANENT or (attempts is not None and tries >= attempts):
             return code

@@ -300,7 +300,7 @@ def _launch_loaded(loaded: Loaded, config_file: Path, options: LaunchOptions) ->
     try:
         code = asyncio.run(run_launch(cluster, options, _log, _live_roster if err.is_terminal else None))
     except LaunchError as exc:
-        err.print(f"fdl launch: {exc.message}\n    fix: {exc.fix}", style="red", markup=False)
+        err.print(f"fdl launch: {exc.render()}", style="red", markup=False)
         raise SystemExit(1) from None
     raise SystemExit(code)
 

@@ -9,17 +9,15 @@ from dataclasses import dataclass
 
 from .config.models import Cluster
 from .controller import BindError, Controller, Settings
+from .errors import Failure
 from .fanout import Fanout, FanoutError, plan
 from .messages import Plane
 from .ranks import plan_window
 from .window import WindowConfig
 
 
-class LaunchError(Exception):
-    def __init__(self, message: str, fix: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.fix = fix
+class LaunchError(Failure):
+    """A launch that cannot start (bad window plan, port taken, fan-out impossible)."""
 
 
 @dataclass(frozen=True)

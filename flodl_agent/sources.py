@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
+from .errors import Failure
+
 Scheme = Literal["file", "rsync", "sshfs", "git+https", "git+ssh", "git+file"]
 
 SOURCE_FORMS = (
@@ -25,11 +27,8 @@ SOURCE_FORMS = (
 DATA_SOURCE_FORMS = ("sshfs://[user@]host[:port]:/abs/path",)
 
 
-class SpecError(ValueError):
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+class SpecError(Failure, ValueError):
+    """A source spec that does not parse."""
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import free_port
+
 SSHD = Path("/usr/sbin/sshd")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -68,7 +64,7 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     home.mkdir()
     _keygen(home / "host_key")
     _keygen(home / "client_key")
-    port = _free_port()
+    port = free_port()
     known = home / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} {(home / 'host_key.pub').read_text().strip()}\n")
     authorized = home / "authorized_keys"

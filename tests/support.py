@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import textwrap
 
 from flodl_agent.config import ConfigError, FdlConfig, Problem, parse_yaml, validate_document
@@ -18,3 +19,10 @@ def problems_of(text: str, name: str = "fdl.cluster.yml") -> list[Problem]:
 
 def load(text: str) -> FdlConfig:
     return validate_document(parse_yaml(textwrap.dedent(text), "fdl.cluster.yml"))
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

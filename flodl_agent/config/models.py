@@ -190,7 +190,7 @@ def _spec(parse: Any) -> Any:
         try:
             parse(value)
         except SpecError as exc:
-            raise fail(((), exc.message, exc.hint)) from None
+            raise fail(((), exc.message, exc.fix)) from None
         return value
 
     return check

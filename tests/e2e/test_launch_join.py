@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,17 +13,26 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import free_port
+
 pytestmark = pytest.mark.skipif(shutil.which("fdl") is None, reason="the fdl console script is not on PATH")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fdl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["fdl", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+
+
+def loopback_cluster(cwd: Path, port: int, **join: object) -> None:
+    """A discovery cluster on loopback: whoever walks in is the world."""
+    (cwd / "fdl.cluster.yml").write_text(
+        json.dumps(
+            {
+                "cluster": {
+                    "controller": {"host": "127.0.0.1", "port": port, "join": {"discovery": True, **join}}
+                }
+            }
+        )
+    )
 
 
 def state(cwd: Path) -> dict[str, object]:
@@ -41,13 +49,7 @@ def wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyp
 
 def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
     port = free_port()
-    (tmp_path / "fdl.cluster.yml").write_text(
-        "cluster:\n"
-        "  controller:\n"
-        f"    host: 127.0.0.1\n    port: {port}\n"
-        "    join: {discovery: true, min_rank_start: 2, start: manual,\n"
-        "           join_timeout: 60, max_join_timeout: 120}\n"
-    )
+    loopback_cluster(tmp_path, port, min_rank_start=2, start="manual", join_timeout=60, max_join_timeout=120)
     out = tmp_path / "out"
     out.mkdir()
     rank_cmd = [
@@ -109,11 +111,7 @@ def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script for a terminal")
 def test_launch_on_a_terminal_shows_a_live_roster_and_fails_at_the_cap(tmp_path: Path) -> None:
     port = free_port()
-    (tmp_path / "fdl.cluster.yml").write_text(
-        "cluster:\n  controller:\n"
-        f"    host: 127.0.0.1\n    port: {port}\n"
-        "    join: {discovery: true, min_rank_start: 1, join_timeout: 1, max_join_timeout: 2}\n"
-    )
+    loopback_cluster(tmp_path, port, min_rank_start=1, join_timeout=1, max_join_timeout=2)
     proc = subprocess.run(
         ["script", "-qec", "fdl launch -- true", "/dev/null"],
         cwd=tmp_path,
@@ -135,11 +133,7 @@ def test_at_cluster_runs_a_named_command_of_fdl_yml(tmp_path: Path) -> None:
         f"  train: [{json.dumps(sys.executable)}, -c,\n"
         "          \"import sys; open(sys.argv[1], 'w').write(sys.argv[2])\"]\n"
     )
-    (tmp_path / "fdl.cluster.yml").write_text(
-        "cluster:\n  controller:\n"
-        f"    host: 127.0.0.1\n    port: {port}\n"
-        "    join: {discovery: true, min_rank_start: 1, join_timeout: 1, max_join_timeout: 30}\n"
-    )
+    loopback_cluster(tmp_path, port, min_rank_start=1, join_timeout=1, max_join_timeout=30)
     launch = subprocess.Popen(
         ["fdl", "@cluster", "train", str(out), "epoch-3"],
         cwd=tmp_path,
@@ -165,11 +159,7 @@ def test_at_cluster_runs_a_named_command_of_fdl_yml(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script for a terminal")
 def test_a_waiting_agent_on_a_terminal_shows_a_spinner(tmp_path: Path) -> None:
     port = free_port()
-    (tmp_path / "fdl.cluster.yml").write_text(
-        "cluster:\n  controller:\n"
-        f"    host: 127.0.0.1\n    port: {port}\n"
-        "    join: {discovery: true, min_rank_start: 1, join_timeout: 1, max_join_timeout: 30}\n"
-    )
+    loopback_cluster(tmp_path, port, min_rank_start=1, join_timeout=1, max_join_timeout=30)
     launch = subprocess.Popen(
         ["fdl", "launch", "--", "true"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

@@ -16,6 +16,7 @@ import pytest
 from flodl_agent.config import ClusterBuilder
 from flodl_agent.fanout import orphan_tag, plan, remote_command
 from tests.sshd import Sshd
+from tests.support import free_port
 
 ROOT = Path(__file__).parents[2]
 
@@ -42,19 +43,11 @@ def _cluster_file(tmp_path: Path, server: Sshd, port: int, **join: object) -> Pa
     return path
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
 def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path) -> None:
     out = tmp_path / "ranks"
     out.mkdir()
-    config = _cluster_file(tmp_path, sshd, _free_port())
+    config = _cluster_file(tmp_path, sshd, free_port())
     rank = [
         sys.executable,
         "-c",
@@ -132,7 +125,7 @@ def test_bind_all_controller_cannot_be_dialled() -> None:
 
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
 def test_a_worker_that_cannot_be_reached_fails_the_launch_at_once(sshd: Sshd, tmp_path: Path) -> None:
-    config = _cluster_file(tmp_path, sshd, _free_port(), join_timeout=300, max_join_timeout=600)
+    config = _cluster_file(tmp_path, sshd, free_port(), join_timeout=300, max_join_timeout=600)
     sshd.authorized_keys.write_text("")  # nobody may log in any more
     proc = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "fdl"), "launch", "--config", str(config), "--", "true"],

@@ -65,7 +65,7 @@ def test_source_forms(spec: str, expected: SourceSpec) -> None:
 def test_bad_source_specs(spec: str, message: str, hint: str) -> None:
     with pytest.raises(SpecError) as caught:
         parse_source(spec)
-    assert message in caught.value.message and hint in caught.value.hint
+    assert message in caught.value.message and hint in caught.value.fix
 
 
 def test_data_source_is_sshfs_only() -> None:
@@ -73,4 +73,4 @@ def test_data_source_is_sshfs_only() -> None:
     assert spec.ssh_destination == "flodl-join@ctrl" and spec.path == "/flodl/data"
     with pytest.raises(SpecError) as caught:
         parse_data_source("nfs://ctrl:/flodl/data")
-    assert "data_path" in caught.value.hint
+    assert "data_path" in caught.value.fix
