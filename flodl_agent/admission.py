@@ -17,6 +17,7 @@ from .messages import Hello, Plane
 
 @dataclass(frozen=True)
 class Refusal:
+    code: str  # a fixed name for counting: the reason text carries peer-chosen words
     reason: str
     fix: str
     permanent: bool = False
@@ -78,9 +79,12 @@ class Cohort:
 def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
     """``None`` when ``hello`` may join ``cohort``; otherwise why not."""
     if not hello.host.strip():
-        return Refusal("the hello names no host", "give the box a name with --host NAME", permanent=True)
+        return Refusal(
+            "no_host", "the hello names no host", "give the box a name with --host NAME", permanent=True
+        )
     if not hello.devices:
         return Refusal(
+            "no_device",
             "the box offers no device",
             "check that its GPUs are visible (fdl probe), or offer CPU ranks with --devices cpu:N",
             permanent=True,
@@ -88,10 +92,16 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
     seen: set[str] = set()
     for device in hello.devices:
         if device in seen:
-            return Refusal(f"device {device} is offered twice", "list each device once in --devices", True)
+            return Refusal(
+                "duplicate_device",
+                f"device {device} is offered twice",
+                "list each device once in --devices",
+                True,
+            )
         seen.add(device)
     if hello.host in cohort:
         return Refusal(
+            "host_joined",
             f"host {hello.host} already joined this run",
             "a stale worker from a previous launch still holds the name, or two boxes share a "
             "hostname; --host renames a walk-in",
@@ -99,6 +109,7 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
     if plane == "nccl":
         if hello.vendor == "cpu":
             return Refusal(
+                "cpu_under_nccl",
                 "CPU devices cannot join an NCCL data plane",
                 "offer GPUs, or run the job in a CPU mode (gloo or a cpu_* ElChe mode)",
                 permanent=True,
@@ -106,6 +117,7 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
         ref = cohort.reference("vendor")
         if ref is not None and ref.vendor != hello.vendor:
             return Refusal(
+                "vendor_mismatch",
                 f"GPU vendor mismatch: this box is {hello.vendor} ({hello.variant}), the cohort is "
                 f"{ref.vendor} ({ref.variant}, first joined by {ref.host})",
                 "a CUDA box and a ROCm box cannot share an NCCL/RCCL data plane; use a CPU ElChe mode "
@@ -115,6 +127,7 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
         ref = cohort.reference("nccl")
         if ref is not None and hello.nccl and _major_minor(ref.nccl) != _major_minor(hello.nccl):
             return Refusal(
+                "nccl_skew",
                 f"NCCL version skew: this box loads NCCL {hello.nccl}, the cohort {ref.nccl} "
                 f"(from {ref.host})",
                 "align the torch variants so every box loads the same NCCL major.minor, or pin "
@@ -124,6 +137,7 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
     first = cohort.first
     if first is not None and first.run_id != hello.run_id:
         return Refusal(
+            "run_mismatch",
             f"run identity mismatch: this box holds run {hello.run_id or '(none)'}, the cohort "
             f"{first.run_id or '(none)'}",
             "a publish landed between two boxes' fetches; nothing to fix: the stale side picks the "
@@ -132,6 +146,7 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
     ref = cohort.reference("model_sig")
     if ref is not None and hello.model_sig and ref.model_sig != hello.model_sig:
         return Refusal(
+            "model_mismatch",
             f"model mismatch: the model this box builds differs from the cohort's (first "
             f"signed by {ref.host})",
             "this box runs different model code: a stale source tree, a wrong --bin, or different "
@@ -140,6 +155,7 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
     ref = cohort.reference("dataset_sig")
     if ref is not None and hello.dataset_sig and ref.dataset_sig != hello.dataset_sig:
         return Refusal(
+            "dataset_mismatch",
             f"dataset mismatch: this box's data root differs from the cohort's (first signed by {ref.host})",
             "sync the data root (or mount the shared one read-only with join.data_source)",
         )
@@ -167,9 +183,8 @@ class DialGuard:
         return self._level(peer, now) >= 1.0
 
     def penalize(self, peer: str, now: float) -> None:
-        if len(self._budget) >= self.max_peers and peer not in self._budget:
-            # Forget the peers that have refilled completely: they cost nothing to re-learn.
-            full = [p for p in self._budget if self._level(p, now) >= self.burst]
-            for p in full:
-                del self._budget[p]
-        self._budget[peer] = (self._level(peer, now) - 1.0, now)
+        level = self._level(peer, now) - 1.0
+        self._budget.pop(peer, None)
+        self._budget[peer] = (level, now)  # most recent last: the dict is the LRU order
+        while len(self._budget) > self.max_peers:
+            del self._budget[next(iter(self._budget))]  # forget the peer penalized longest ago

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from .config.models import Ssh
 from .errors import Failure
 from .messages import Abort, Accept, BadMessage, Challenge, Hello, Reject, WorldFormed
 from .messages import parse as parse_message
+from .net import join_address, keepalive, split_address, ssh_argv
 
 CLEAN, TRANSIENT, PERMANENT = 0, 1, 2
 DIAL_TIMEOUT = 10.0
@@ -141,22 +143,15 @@ class Tunnel:
 
     def argv(self, local_port: int) -> list[str]:
         assert self.ssh.target is not None
-        argv = [
-            "ssh", "-N",
-            "-o", "BatchMode=yes",  # never a password prompt
-            "-o", "ExitOnForwardFailure=yes",
-            "-o", "ServerAliveInterval=15",
-            "-o", "ServerAliveCountMax=3",
-            "-L", f"127.0.0.1:{local_port}:{self.remote[0]}:{self.remote[1]}",
-        ]  # fmt: skip
-        if self.ssh.port is not None:
-            argv += ["-p", str(self.ssh.port)]
-        if self.ssh.identity_file:
-            argv += ["-i", str(Path(self.ssh.identity_file).expanduser()), "-o", "IdentitiesOnly=yes"]
-        for option in self.ssh.options:
-            argv += ["-o", option]
-        target = f"{self.ssh.user}@{self.ssh.target}" if self.ssh.user else self.ssh.target
-        return [*argv, target]
+        forward = f"127.0.0.1:{local_port}:{self.remote[0]}:{self.remote[1]}"
+        return ssh_argv(
+            self.ssh.target,
+            user=self.ssh.user,
+            port=self.ssh.port,
+            identity_file=str(Path(self.ssh.identity_file).expanduser()) if self.ssh.identity_file else None,
+            options=self.ssh.options,
+            extra=["-N", "-o", "ExitOnForwardFailure=yes", "-L", forward],
+        )
 
     async def __aenter__(self) -> Tunnel:
         if shutil.which("ssh") is None:
@@ -187,13 +182,17 @@ class Tunnel:
                 continue
             w.close()
             return self
+        await self.__aexit__()  # never leave an ssh behind for the next attempt to trip over
         raise AgentFailure("the ssh tunnel did not come up in time", "check that the ssh host is reachable")
 
     async def __aexit__(self, *_: object) -> None:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.terminate()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.proc.wait(), 5)
+            try:
+                await asyncio.wait_for(self.proc.wait(), KILL_GRACE)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
 
 
 class Attempt:
@@ -234,10 +233,13 @@ class Attempt:
                 f"cannot reach the controller at {dial_host}:{dial_port}: {exc}",
                 "is a window open? --persist re-dials until one is",
             ) from None
+        keepalive(writer)
         try:
-            return await self._session(reader, writer, f"{dial_host}:{dial_port}")
+            return await self._session(reader, writer, join_address(dial_host, dial_port))
         except wire.Dropped as exc:
             raise AgentFailure(f"the controller sent a frame that does not verify ({exc})") from None
+        except BadMessage as exc:
+            raise AgentFailure(f"the controller sent a malformed message ({exc})") from None
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             raise AgentFailure(
                 f"the connection to the controller broke ({exc.__class__.__name__})",
@@ -255,26 +257,28 @@ class Attempt:
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, road: str) -> int:
         writer.write(wire.Channel.JOIN.value)
         own = self.options.key
-        codec = wire.Codec(own or wire.OPEN_KEY)
-        first = await self._frame(reader, codec, DIAL_TIMEOUT) if own is None else None
+        # The challenge is tagged with the run key, or with zeros under open admission:
+        # read it whole, then see which key this box holds verifies it.
+        header = await asyncio.wait_for(reader.readexactly(wire.HEADER.size), DIAL_TIMEOUT)
+        length = wire.HEADER.unpack(header)[3]
+        if length > wire.PRE_ADMISSION_MAX:
+            raise AgentFailure("the controller's first frame is not a challenge (is this a flodl port?)")
+        data = header + await asyncio.wait_for(reader.readexactly(length), DIAL_TIMEOUT)
+        first: wire.Frame | None = None
+        for candidate in [k for k in (own, wire.OPEN_KEY) if k is not None]:
+            codec = wire.Codec(candidate)
+            codec.feed(data)
+            with contextlib.suppress(wire.Dropped):
+                first = codec.next_frame()
+                break
         if first is None:
-            # We hold a key; under open admission the challenge is tagged with zeros instead.
-            data = await asyncio.wait_for(reader.read(65536), DIAL_TIMEOUT)
-            for candidate in (own, wire.OPEN_KEY):
-                assert candidate is not None
-                codec = wire.Codec(candidate)
-                codec.feed(data)
-                try:
-                    first = await self._frame(reader, codec, DIAL_TIMEOUT)
-                    break
-                except wire.Dropped:
-                    continue
-            else:
-                raise AgentFailure(
-                    "the controller's challenge does not verify with this box's join key",
-                    "pass the run's join.token (FDL_TOKEN, --token -, or join.token in fdl.yml)",
-                    PERMANENT,
-                )
+            raise AgentFailure(
+                "the controller's challenge does not verify with this box's join key"
+                if own is not None
+                else "the controller requires a join key and this box has none",
+                "pass the run's join.token (FDL_TOKEN, --token -, or join.token in fdl.yml)",
+                PERMANENT,
+            )
         challenge = parse_message(first)
         if not isinstance(challenge, Challenge):
             raise AgentFailure("the controller did not open with a challenge")
@@ -332,12 +336,18 @@ class Attempt:
         mine, group = world.host, world.group
         # The agent trusts its own road: the controller's idea of its address
         # is wrong behind a tunnel or NAT; the one this join used is proven.
-        master_addr, _, master_port = road.rpartition(":")
+        master_addr, master_port = split_address(road)
         # Ranks run with this agent's environment's bin/ first: the torch variant's venv.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         envs = []
         for local, device in enumerate(self.offer.devices):
-            env = dict(os.environ, PATH=path)
+            # The rank is the user's code: it gets no credential and none of our plumbing.
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if k != "FDL_TOKEN" and not k.startswith("FLODL_INTERNAL_")
+            }
+            env["PATH"] = path
             env.update(world.env)
             env.update(self.options.env)
             env.update(
@@ -347,7 +357,7 @@ class Attempt:
                 LOCAL_WORLD_SIZE=str(mine.count),
                 GROUP_RANK=str(group),
                 MASTER_ADDR=master_addr,
-                MASTER_PORT=master_port,
+                MASTER_PORT=str(master_port),
                 FLODL_CONTROLLER=road,
                 FLODL_DEVICE=device,
                 FLODL_RUN=world.run,
@@ -400,13 +410,14 @@ class Attempt:
             self.children.append(proc)
             ranks.append(asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, codec)))
         abort = asyncio.ensure_future(self._watch_link(reader, codec))
-        everyone: set[asyncio.Future[Any]] = {abort, asyncio.gather(*ranks)}
-        done, _ = await asyncio.wait(everyone, return_when=asyncio.FIRST_COMPLETED)
-        if abort in done:
+        pending: set[asyncio.Future[Any]] = {abort, *ranks}
+        while abort in pending and len(pending) > 1:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if abort.done():
             for task in ranks:
                 task.cancel()
-            reason = abort.result()
-            raise AgentFailure(reason)
+            await asyncio.gather(*ranks, return_exceptions=True)
+            raise AgentFailure(abort.result())
         abort.cancel()
         codes = [t.result() for t in ranks]
         # Half-close and wait for the controller to close in turn: only then are the
@@ -422,8 +433,8 @@ class Attempt:
         self, proc: asyncio.subprocess.Process, rank: int, writer: asyncio.StreamWriter, codec: wire.Codec
     ) -> int:
         assert proc.stdout is not None
-        async for line in proc.stdout:
-            sys.stdout.write(f"[rank {rank}] {line.decode(errors='replace')}")
+        async for line in output_lines(proc.stdout):
+            sys.stdout.write(f"[rank {rank}] {line}\n")
             sys.stdout.flush()
         code = await proc.wait()
         writer.write(codec.encode(wire.Kind.RANK_EXITED, {"rank": rank, "code": code}))
@@ -452,6 +463,22 @@ class Attempt:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
+
+
+async def output_lines(stream: asyncio.StreamReader, longest: int = 16384) -> AsyncIterator[str]:
+    """A child's output as lines, whatever it writes: progress bars end lines with
+    \r, and a line longer than ``longest`` is cut rather than fatal."""
+    pending = b""
+    while chunk := await stream.read(65536):
+        pending += chunk
+        *complete, pending = re.split(rb"\r\n|\r|\n", pending)
+        for line in complete:
+            yield line.decode(errors="replace")
+        while len(pending) > longest:
+            yield pending[:longest].decode(errors="replace")
+            pending = pending[longest:]
+    if pending:
+        yield pending.decode(errors="replace")
 
 
 async def _until_eof(reader: asyncio.StreamReader) -> None:
@@ -523,17 +550,3 @@ def parse_agent_spec(text: str) -> AgentSpec:
         raise ValueError(
             f"the agent spec is not a hex-encoded JSON spec ({exc.__class__.__name__})"
         ) from None
-
-
-def split_address(text: str, default_port: int = 1337) -> tuple[str, int]:
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else default_port
-    if text.count(":") == 1:
-        host, port = text.split(":")
-        return host, int(port)
-    return text, default_port
-
-
-def hello_devices(offer: DeviceOffer) -> Sequence[str]:
-    return resolve_offer(offer).devices

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 from rich.console import Console, Group
 from rich.live import Live
@@ -25,7 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .agent import AgentOptions, AgentSpec, parse_agent_spec, split_address
+from .agent import AgentOptions, AgentSpec, parse_agent_spec
 from .agent import join as run_join
 from .config import (
     ConfigError,
@@ -41,6 +42,7 @@ from .config import (
 from .controller import Controller
 from .launcher import LaunchError, LaunchOptions
 from .launcher import launch as run_launch
+from .net import AddressError, join_address, split_address
 from .ranks import known_ranks, plan_window
 from .status import Unreachable, one_line, read_token, render, request, resolve_addr
 
@@ -289,14 +291,6 @@ def _launch_loaded(loaded: Loaded, config_file: Path, options: LaunchOptions) ->
     if cluster is None:
         err.print(f"fdl launch: {config_file} has no cluster: block to launch", style="red", markup=False)
         raise SystemExit(1)
-    join_knobs = cluster.controller.join
-    if join_knobs.open_admission and join_knobs.token is None:
-        err.print(
-            "WARNING: open_admission on a network bind: any peer that reaches this port can join "
-            "and influence the run",
-            style="bold red",
-            markup=False,
-        )
     try:
         code = asyncio.run(run_launch(cluster, options, _log, _live_roster if err.is_terminal else None))
     except LaunchError as exc:
@@ -393,23 +387,29 @@ def join_cmd(
     Every flag defaults from the join: block of fdl.yml. Exit 0 clean, 1
     transient (re-dial), 2 permanent.
     """
-    block = _join_block(config_file)
+    # A launcher's spec is the whole story: a stray ./fdl.yml on the worker must not reroute it.
+    block = Join() if spec_stdin else _join_block(config_file)
     spec = _agent_spec(spec_stdin)
     token = _token_or_exit(token_opt) or block.token
     ssh = block.ssh
     if ssh_dest:
         user, _, rest = ssh_dest.rpartition("@")
-        target, port_text = split_address(rest, 22)
-        ssh = Ssh(
-            target=target,
-            port=port_text if ":" in rest else None,
-            user=user or None,
-            identity_file=str(identity) if identity else None,
-        )
+        try:
+            target, ssh_port = split_address(rest, 22)
+            ssh = Ssh(
+                target=target,
+                port=ssh_port if rest.count(":") == 1 or "]:" in rest else None,
+                user=user or None,
+                identity_file=str(identity) if identity else None,
+            )
+        except (AddressError, ValidationError) as exc:
+            raise click.BadParameter(
+                f"`{ssh_dest}` is not [user@]host[:port] ({_first_error(exc)})", param_hint="--ssh"
+            ) from None
     elif identity and ssh is not None:
         ssh = ssh.model_copy(update={"identity_file": str(identity)})
     default_addr = "127.0.0.1:1337" if ssh is not None else None
-    spec_addr = f"{spec.controller_host}:{spec.controller_port}" if spec.controller_host else None
+    spec_addr = join_address(spec.controller_host, spec.controller_port) if spec.controller_host else None
     addr = address or spec_addr or block.controller or default_addr
     if addr is None:
         err.print("fdl join: no controller address", style="red", markup=False)
@@ -425,7 +425,10 @@ def join_cmd(
         raise SystemExit(2) from None
     if args and list(args) != block.args:
         _log("note: the run's arguments come from the controller; local arguments are ignored")
-    host, port = split_address(addr)
+    try:
+        host, port = split_address(addr)
+    except AddressError as exc:
+        raise click.BadParameter(str(exc), param_hint="ADDRESS") from None
     key_hex = token or spec.key
     options = AgentOptions(
         controller_host=host,
@@ -447,6 +450,12 @@ def join_cmd(
 
     code = asyncio.run(run_join(options, persist=keep, log=_log, backoff_start=backoff, on_wait=on_wait))
     raise SystemExit(code)
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return str(exc.errors()[0]["msg"])
+    return str(exc)
 
 
 def _join_block(config_file: Path | None) -> Join:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import json
 import socket
 import time
@@ -35,21 +34,17 @@ from .messages import (
     Reject,
 )
 from .messages import parse as parse_message
+from .net import is_loopback, join_address, keepalive
 from .ranks import RankRange, assign_contiguous
-from .window import Fail, Form, Keep, Window, WindowClosed, WindowConfig
+from .window import Fail, Form, Keep, Window, WindowConfig
 
 PREAMBLE_TIMEOUT = 5.0
+CLOSE_GRACE = 2.0
+MAX_HANDSHAKES = 2048  # unadmitted connections at once; a flood waits its turn by being dropped
 HELLO_TIMEOUT = 10.0
 HTTP_TIMEOUT = 10.0
 HTTP_MAX_BODY = 4096
 SHIP_BATCH = 512
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class BindError(Exception):
@@ -65,6 +60,7 @@ class Link:
     codec: wire.Codec
     joined_at: float
     peer: str
+    ranks: range | None = None  # its share of the formed world
     exited: dict[int, int] = field(default_factory=dict)
 
     def send(self, kind: wire.Kind, body: dict[str, Any]) -> None:
@@ -114,7 +110,9 @@ class Controller:
         self.port = settings.port
         self._timer: asyncio.TimerHandle | None = None
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._handshakes = 0
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -134,25 +132,21 @@ class Controller:
         self.port = self._server.sockets[0].getsockname()[1]
         self._apply(self.window.decide(self.clock()))
 
-    async def run(self) -> int:
-        await self.start()
-        try:
-            await self.finished.wait()
-        finally:
-            await self.close()
-        return self.exit_code
-
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         if self._server is not None:
             self._server.close()
-        for link in list(self.links.values()):
-            link.writer.close()
-        for task in list(self._tasks):
-            task.cancel()
+        # Closing every connection lets each handler finish on EOF; only a
+        # straggler is cancelled (a cancelled handler makes asyncio log noise).
+        for writer in list(self._writers):
+            writer.close()
         if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            _, late = await asyncio.wait(set(self._tasks), timeout=CLOSE_GRACE)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.gather(*late, return_exceptions=True)
 
     # --- the window's verdicts -----------------------------------------------
 
@@ -188,22 +182,22 @@ class Controller:
         common = {
             "world_size": ranges[-1].stop if ranges else 0,
             "hosts": len(ranges),
-            "controller": f"{self.settings.bind}:{self.port}",
+            "controller": join_address(self.settings.bind, self.port),
             "command": self.settings.command,
             "plane": self.settings.plane,
             "env": self.settings.env,
             "run": self.settings.run,
         }
+        # Training starts at the freeze: a host that gets its share early may
+        # finish (or die) before the last one is sent, and training judges that.
+        self.window.formed(self.clock())
+        for r in ranges:
+            if r.host in self.links:
+                self.links[r.host].ranks = r.ranks
         self._spawn(self._ship(ranges, common))
 
     async def _ship(self, ranges: list[RankRange], common: dict[str, Any]) -> None:
-        """Send every host its share of the world.
-
-        The window enters training before the first share goes out: a host that
-        gets its share early may finish (or die) before the last one is sent,
-        and the training phase is what knows how to judge that.
-        """
-        self.window.formed(self.clock())
+        """Send every host its share of the world, yielding to other work between batches."""
         try:
             for group, r in enumerate(ranges):
                 if self.window.phase == "failed":
@@ -242,6 +236,12 @@ class Controller:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = str(writer.get_extra_info("peername", ("?", 0))[0])
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)  # so close() can end every handler, not just the ones we spawned
+            task.add_done_callback(self._tasks.discard)
+        keepalive(writer)
+        self._writers.add(writer)
         try:
             # Loopback is exempt: under tunnels every walk-in arrives from 127.0.0.1,
             # and one bad tunnel must not lock the others out.
@@ -265,6 +265,7 @@ class Controller:
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -285,7 +286,23 @@ class Controller:
             codec.feed(data)
 
     async def _join(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
-        codec = wire.Codec(self.join_key)
+        if self._handshakes >= MAX_HANDSHAKES:
+            self.dropped["busy"] += 1
+            return
+        self._handshakes += 1
+        try:
+            link = await self._handshake(reader, writer, peer)
+        finally:
+            self._handshakes -= 1
+        if link is not None:
+            await self._link(reader, link)
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> Link | None:
+        """Challenge, hello, admission; the admitted host's link, or None."""
+        # Until admitted, a peer gets a small frame cap: it has proven nothing yet.
+        codec = wire.Codec(self.join_key, max_payload=wire.PRE_ADMISSION_MAX)
         nonce = wire.new_nonce()
         writer.write(
             codec.encode(
@@ -295,7 +312,7 @@ class Controller:
         )
         frame = await asyncio.wait_for(self._read_frame(reader, codec), HELLO_TIMEOUT)
         if frame is None:
-            return
+            return None
         if frame.kind is not wire.Kind.HELLO:
             raise wire.Dropped("kind", "expected a hello")
         try:
@@ -307,7 +324,7 @@ class Controller:
             raise wire.Dropped("replay", "hello does not answer this connection's challenge")
         refusal = self._admit(hello)
         if refusal is not None:
-            self.refused[refusal.reason.split(":")[0]] += 1
+            self.refused[refusal.code] += 1
             self.log(f"refused {hello.host or peer}: {refusal.reason}")
             writer.write(
                 codec.encode(
@@ -316,21 +333,10 @@ class Controller:
                 )
             )
             await writer.drain()
-            return
-        now = self.clock()
+            return None
         first = self.window.joined_ranks
         count = len(hello.devices)
-        try:
-            decision = self.window.join(hello.host, count, now)
-        except WindowClosed as exc:
-            writer.write(
-                codec.encode(
-                    wire.Kind.REJECT,
-                    Reject(reason=str(exc), fix="wait for the next run; --persist re-dials").model_dump(),
-                )
-            )
-            await writer.drain()
-            return
+        decision = self.window.join(hello.host, count, self.clock())  # _admit checked the phase
         link = Link(hello, writer, codec, time.time(), peer)
         self._register(link, first)
         accept = Accept(
@@ -341,27 +347,29 @@ class Controller:
             run=self.settings.run,
         )
         writer.write(codec.encode(wire.Kind.ACCEPT, accept.model_dump()))
-        # Rekey before yielding: a formation triggered by another join while
-        # this drain waits must already speak this connection's key.
+        # Rekey before anything else is written: whatever follows (a WorldFormed
+        # this very join may trigger) speaks this connection's key.
         codec.rekey(wire.connection_key(self.key, nonce, hello.client_nonce))
-        try:
-            await writer.drain()
-        except (ConnectionError, OSError):
-            # A failed Accept write rolls the admission back.
-            if self.links.get(hello.host) is link:
-                self._unregister(link)
-                self._apply(self.window.leave(hello.host, self.clock()))
-            return
+        codec.max_payload = wire.CONTROL_MAX
         self.admitted += 1
         self.log(
             f"admitted {hello.host} ({peer}): ranks [{first}..{first + count}) on {', '.join(hello.devices)}"
         )
         self._apply(decision)
-        await self._link(reader, link)
+        try:
+            await writer.drain()
+        except (ConnectionError, OSError):
+            # A failed Accept write rolls the admission back (or, after the freeze, is a lost host).
+            if self.links.get(hello.host) is link:
+                self._unregister(link)
+                self._closed(link)
+            return None
+        return link
 
     def _admit(self, hello: Hello) -> Refusal | None:
         if not self.window.can_admit():
             return Refusal(
+                "window_closed",
                 f"the window is closed (phase {self.window.phase})",
                 "wait for the next run; --persist re-dials",
             )
@@ -378,6 +386,9 @@ class Controller:
                 if frame.kind is wire.Kind.RANK_EXITED:
                     exited = parse_message(frame)
                     assert isinstance(exited, RankExited)
+                    if link.ranks is None or exited.rank not in link.ranks:
+                        self.dropped["rank"] += 1  # not one of this host's ranks: ignore, never count
+                        continue
                     link.exited[exited.rank] = exited.code
                     self.log(f"rank {exited.rank} on {host} exited with code {exited.code}")
                     if exited.code != 0 and self.window.phase == "training":

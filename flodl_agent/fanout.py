@@ -18,9 +18,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .agent import output_lines
 from .config.models import Cluster, Worker
-
-SSH_BASE = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"]
+from .net import join_address, ssh_argv
 
 
 class FanoutError(ValueError):
@@ -51,37 +51,39 @@ class Plan:
     stdin: bytes
 
 
-def plan(worker: Worker, cluster: Cluster, port: int, key: bytes) -> Plan:
+def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | None = None) -> Plan:
+    """``bind`` is where the controller actually listens (it can differ from
+    ``cluster.controller.host``, e.g. under tunnel_only)."""
     ctl_host = dial_address(cluster)
-    ssh = worker.ssh
-    argv = ["ssh", *SSH_BASE]
-    if ssh is not None:
-        if ssh.port is not None:
-            argv += ["-p", str(ssh.port)]
-        if ssh.identity_file:
-            argv += ["-i", ssh.identity_file, "-o", "IdentitiesOnly=yes"]
-        for option in ssh.options:
-            argv += ["-o", option]
-    dial_host, dial_port = ctl_host, port
+    dial_host, extra = ctl_host, []
     # Under tunnel_only the controller binds loopback: every worker must come through ssh.
     if worker.tunnel or cluster.controller.join.tunnel_only:
-        # The worker's traffic rides this session: a remote forward on the worker's loopback.
-        argv += ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:127.0.0.1:{port}"]
+        # The worker's traffic rides this session: the worker's loopback, forwarded back
+        # to wherever the controller listens on its own box.
+        listen = bind or cluster.controller.host
+        far = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(listen, listen)
+        extra = ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:{join_address(far, port)}"]
         dial_host = "127.0.0.1"
-    target = (ssh.target if ssh and ssh.target else None) or worker.host
-    user = ssh.user if ssh else None
+    ssh = worker.ssh
     tag = orphan_tag(f"{ctl_host}:{port}", worker)
     spec = {
         "host": worker.host,
         "controller_host": dial_host,
-        "controller_port": dial_port,
+        "controller_port": port,
         "key": key.hex(),
         "devices": str(worker.local_devices),
         "data_path": worker.data_path or "",
         "env": worker.env,
     }
-    path = worker.path or cluster.controller.path
-    argv += [f"{user}@{target}" if user else target, remote_command(tag, path)]
+    argv = ssh_argv(
+        (ssh.target if ssh and ssh.target else None) or worker.host,
+        user=ssh.user if ssh else None,
+        port=ssh.port if ssh else None,
+        identity_file=ssh.identity_file if ssh else None,
+        options=ssh.options if ssh else (),
+        extra=extra,
+    )
+    argv.append(remote_command(tag, worker.path or cluster.controller.path))
     return Plan(worker.host, argv, json.dumps(spec).encode().hex().encode() + b"\n")
 
 
@@ -116,16 +118,20 @@ class Fanout:
 
     async def start(self, plans: list[Plan]) -> None:
         for p in plans:
-            proc = await asyncio.create_subprocess_exec(
-                *p.argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *p.argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise FanoutError(f"cannot run ssh for {p.host}: {exc.strerror}") from None
             assert proc.stdin is not None
             proc.stdin.write(p.stdin)
-            await proc.stdin.drain()
+            with contextlib.suppress(ConnectionError):  # ssh already gone: _pump reports why
+                await proc.stdin.drain()
             proc.stdin.close()
             self.procs[p.host] = proc
             self._pumps.append(asyncio.ensure_future(self._pump(p.host, proc)))
@@ -138,8 +144,7 @@ class Fanout:
     async def _pump(self, host: str, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         tail: deque[str] = deque(maxlen=3)
-        async for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
+        async for line in output_lines(proc.stdout):
             tail.append(line)
             self.log(f"[{host}] {line}")
         code = await proc.wait()

@@ -85,10 +85,10 @@ async def launch(
             return
         if cluster.controller.join.discovery:
             return
-        pending = sum(
-            w.capacity or 0 for h, w in by_host.items() if h not in controller.links and fanout.alive(h)
-        )
-        if window.joined_ranks + pending < window.config.quorum:
+        waiting = [w for h, w in by_host.items() if h not in controller.links and fanout.alive(h)]
+        if any(w.capacity is None for w in waiting):
+            return  # a worker offering `all` may still bring any number of ranks
+        if window.joined_ranks + sum(w.capacity or 0 for w in waiting) < window.config.quorum:
             controller.fail(
                 f"fan-out to {host} failed (ssh exit {code}{': ' + tail if tail else ''}); "
                 f"quorum {window.config.quorum} is out of reach"
@@ -98,10 +98,15 @@ async def launch(
     try:
         if options.fanout and cluster.workers:
             try:
-                plans = [plan(w, cluster, controller.port, controller.key) for w in cluster.workers]
+                plans = [
+                    plan(w, cluster, controller.port, controller.key, settings.bind) for w in cluster.workers
+                ]
             except FanoutError as exc:
                 raise LaunchError(str(exc), "or launch with --no-fanout and let workers walk in") from None
-            await fanout.start(plans)
+            try:
+                await fanout.start(plans)
+            except FanoutError as exc:
+                raise LaunchError(str(exc), "install openssh-client on the controller box") from None
         watcher = asyncio.ensure_future(watch(controller)) if watch is not None else None
         await controller.finished.wait()
         if watcher is not None:

@@ -7,13 +7,15 @@ crashing a handler.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .wire import Frame, Kind
 
-Short = Annotated[str, Field(max_length=256)]
+# Peer-supplied text reaches operators' terminals and logs: no control characters.
+Short = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+HostName = Annotated[str, Field(max_length=253, pattern=r"^[^\s/\\:@\x00-\x1f\x7f]*$")]
 Sig = Annotated[str, Field(max_length=128, pattern=r"^[0-9a-f]*$")]
 Plane = Literal["nccl", "cpu"]
 
@@ -33,7 +35,7 @@ class Hello(_Msg):
 
     nonce: bytes = Field(min_length=16, max_length=16)  # the server's challenge, echoed
     client_nonce: bytes = Field(min_length=16, max_length=16)
-    host: Short
+    host: HostName
     devices: list[Short] = Field(max_length=1024)  # "cuda:0", "cpu:1", ...
     device_labels: list[Short] = Field(default_factory=list, max_length=1024)
     variant: Short = "cpu"  # torch variant label: cpu, cu128, rocm6.4, ...
@@ -130,14 +132,3 @@ def parse(frame: Frame) -> _Msg | None:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise BadMessage(f"{frame.kind.name.lower()}: {where}: {first['msg']}") from None
-
-
-def body(message: _Msg) -> dict[str, Any]:
-    return message.model_dump(mode="python")
-
-
-def kind_of(message: _Msg) -> Kind:
-    for kind, model in _BODIES.items():
-        if isinstance(message, model):
-            return kind
-    raise TypeError(f"{type(message).__name__} is not a wire message")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from urllib.parse import urlencode
 from rich.table import Table
 from rich.text import Text
 
-from .agent import split_address
+from .net import join_address, split_address
 
 DEFAULT_ADDR = "127.0.0.1:1337"
 PHASE_STYLE = {
@@ -55,17 +56,19 @@ def resolve_addr(addr: str | None, cwd: Path) -> tuple[str, str | None]:
         except ConfigError:
             cluster = None
         if cluster is not None:
-            host = cluster.controller.host
-            if host in ("0.0.0.0", "::"):
-                host = "127.0.0.1"
-            return f"{host}:{cluster.controller.port}", f"controller from {cluster_file}"
+            # a bind-all address is reached on this box's own loopback of the same family
+            host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(cluster.controller.host, cluster.controller.host)
+            return join_address(host, cluster.controller.port), f"controller from {cluster_file}"
     return DEFAULT_ADDR, f"no --addr and no ./fdl.cluster.yml: trying {DEFAULT_ADDR}"
 
 
 def request(
     addr: str, method: str, path: str, form: dict[str, str] | None = None, timeout: float = 5.0
 ) -> Reply:
-    host, port = split_address(addr)
+    try:
+        host, port = split_address(addr)
+    except ValueError as exc:
+        raise Unreachable(str(exc)) from None
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     body = urlencode(form).encode() if form else None
     headers = {"content-type": "application/x-www-form-urlencoded"} if body else {}
@@ -89,13 +92,17 @@ def request(
 def read_token(option: str | None) -> str | None:
     """Credentials come from the environment or stdin, never argv."""
     if option == "-":
-        return sys.stdin.readline().strip() or None
-    if option is not None:
+        token, source = sys.stdin.readline().strip(), "stdin"
+    elif option is not None:
         raise ValueError(
             "--token takes `-` (read the token from stdin); a token in argv is visible to every "
             "user of this box. Or set FDL_TOKEN."
         )
-    return os.environ.get("FDL_TOKEN") or None
+    else:
+        token, source = os.environ.get("FDL_TOKEN", "").strip(), "FDL_TOKEN"
+    if token and not re.fullmatch(r"[0-9a-fA-F]{32}", token):
+        raise ValueError(f"the token from {source} is not 32 hex characters: pass the run's join.token")
+    return token or None
 
 
 def _clock(seconds: Any) -> str:

@@ -46,6 +46,7 @@ TAG_INPUT = struct.Struct(">QBI")
 KEY_BYTES = 16
 OPEN_KEY = bytes(KEY_BYTES)  # open admission: reachability is the credential
 CONTROL_MAX = 256 * 1024  # join/control frames are small; anything bigger is hostile
+PRE_ADMISSION_MAX = 64 * 1024  # a challenge or a hello; an unauthenticated peer gets no more
 
 
 class Channel(Enum):

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..net import AddressError, split_address
 from ..sources import SpecError, parse_data_source, parse_source
 from .devices import DEVICES_JSON_SCHEMA, DeviceOffer, dump_devices, parse_devices
 from .problems import Rule, fail
@@ -219,14 +220,16 @@ def _command_line(value: list[str]) -> list[str]:
 
 
 def _controller_address(value: str) -> str:
-    host, port = value, ""
-    if value.startswith("["):
-        host, _, rest = value[1:].partition("]")
-        port = rest.removeprefix(":")
-    elif value.count(":") == 1:
-        host, port = value.split(":")
-    if not host or (port and not (port.isdigit() and 0 < int(port) < 65536)):
-        raise fail(((), f"`{value}` is not a controller address", "write host[:port], e.g. 10.0.0.1:1337"))
+    try:
+        split_address(value)
+    except AddressError as exc:
+        raise fail(
+            (
+                (),
+                str(exc).split(":")[0] + " is not a controller address",
+                "write host[:port], e.g. 10.0.0.1:1337",
+            )
+        ) from None
     return value
 
 

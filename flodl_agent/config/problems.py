@@ -8,7 +8,7 @@ the value came from YAML, a message, and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -85,7 +85,3 @@ class ConfigError(Exception):
 
     def render(self) -> str:
         return "\n".join(p.render() for p in self.problems)
-
-
-def errors_only(problems: Iterable[Problem]) -> list[Problem]:
-    return [p for p in problems if p.severity == "error"]

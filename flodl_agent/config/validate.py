@@ -149,14 +149,23 @@ def validate_document(doc: Document, root: type[FdlConfig] = FdlConfig) -> FdlCo
 
 # --- warnings ----------------------------------------------------------------
 
-_UNPINNED = {("stricthostkeychecking", "no"), ("userknownhostsfile", "/dev/null")}
+# Options that trust whatever key a host presents (or any new host): pinning is off.
+_UNPINNED = {
+    "stricthostkeychecking": {"no", "off", "false", "accept-new"},
+    "userknownhostsfile": {"/dev/null"},
+    "globalknownhostsfile": {"/dev/null"},
+}
+
+
+def downgrades_host_keys(option: str) -> bool:
+    """Does this ``ssh -o`` option turn host key pinning off? (``Name=value`` or ``Name value``)"""
+    name, _, value = option.strip().replace("=", " ", 1).partition(" ")
+    return value.strip().lower() in _UNPINNED.get(name.lower(), set())
 
 
 def _ssh_warnings(loc: Loc, options: list[str]) -> Iterator[Problem]:
     for i, option in enumerate(options):
-        # ssh -o takes `Name=value` and `Name value`; names are case-insensitive
-        name, _, value = option.replace("=", " ", 1).partition(" ")
-        if (name.lower(), value.strip().lower()) in _UNPINNED:
+        if downgrades_host_keys(option):
             yield Problem(
                 (*loc, i),
                 f"`{option}` turns off host key pinning",

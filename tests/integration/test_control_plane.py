@@ -250,8 +250,14 @@ async def _raw_hello(port: int, key: bytes, host: str, nonce: bytes | None = Non
     assert frame is not None
     challenge = parse_message(frame)
     assert isinstance(challenge, Challenge)
-    hello = Hello(nonce=nonce or challenge.nonce, client_nonce=wire.new_nonce(), host=host, devices=["cpu:0"])
-    sent = codec.encode(wire.Kind.HELLO, hello.model_dump())
+    # a raw map, not the model: the point is to send what a hostile peer would
+    hello = {
+        "nonce": nonce or challenge.nonce,
+        "client_nonce": wire.new_nonce(),
+        "host": host,
+        "devices": ["cpu:0"],
+    }
+    sent = codec.encode(wire.Kind.HELLO, hello)
     writer.write(sent)
     reply = await reader.read(65536)
     writer.close()
@@ -402,3 +408,25 @@ def test_rank_environment_is_torchrun_compatible(tmp_path: Any) -> None:
     assert len({e["GROUP_RANK"] for e in envs}) == 2
     assert all(e["MASTER_ADDR"] == "127.0.0.1" for e in envs)
     assert sorted(b[3] for b in by_group) == ["cpu:0", "cpu:0", "cpu:1"]
+
+
+def test_refusals_are_counted_by_code_and_hostile_hellos_are_dropped() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings(start="manual", quorum=5, target=None, token=TOKEN))
+        await ctl.start()
+        key = bytes.fromhex(TOKEN)
+        holder = asyncio.ensure_future(walk_in(agent(ctl, "box", 1, key=key)))
+        await until(lambda: ctl.window.joined_ranks == 1)
+        # a second hello naming the same host: refused by name, counted under a fixed code
+        _, reply = await _raw_hello(ctl.port, key, "box")
+        assert reply
+        await until(lambda: ctl.refused["host_joined"] == 1)
+        assert list(ctl.refused) == ["host_joined"]
+        # a host name carrying terminal escapes never reaches the roster or a log
+        await _raw_hello(ctl.port, key, "evil\x1b[2J")
+        await until(lambda: ctl.dropped["payload"] == 1)
+        assert "evil" not in json.dumps(ctl.state())
+        await ctl.close()
+        assert isinstance(await holder, AgentFailure)
+
+    run(scenario)

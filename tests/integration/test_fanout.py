@@ -111,7 +111,8 @@ def test_remote_command_cleans_orphans_without_matching_itself() -> None:
 def test_tunnel_workers_dial_through_a_remote_forward() -> None:
     cluster = ClusterBuilder().controller("10.0.0.1").worker("node-a", tunnel=True).build()
     p = plan(cluster.workers[0], cluster, 7000, bytes(16))
-    assert "-R" in p.argv and p.argv[p.argv.index("-R") + 1] == "127.0.0.1:7000:127.0.0.1:7000"
+    # the worker's loopback, forwarded back to where the controller listens on its box
+    assert "-R" in p.argv and p.argv[p.argv.index("-R") + 1] == "127.0.0.1:7000:10.0.0.1:7000"
     assert b"127.0.0.1" in bytes.fromhex(p.stdin.decode().strip())
 
 
@@ -154,5 +155,5 @@ def test_tunnel_only_binds_loopback_and_tunnels_every_worker() -> None:
     ctl = controller_for(cluster, LaunchOptions(command=["true"]), logs.append)
     assert ctl.settings.bind == "127.0.0.1" and ctl.open  # loopback: reachability is the credential
     assert any("tunnel_only: binding 127.0.0.1 instead of 10.0.0.1" in line for line in logs)
-    p = plan(cluster.workers[0], cluster, 1337, bytes(16))
-    assert "-R" in p.argv
+    p = plan(cluster.workers[0], cluster, 1337, bytes(16), ctl.settings.bind)
+    assert p.argv[p.argv.index("-R") + 1] == "127.0.0.1:1337:127.0.0.1:1337"

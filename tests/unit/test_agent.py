@@ -101,3 +101,37 @@ def test_rank_env_uses_the_road_this_join_took_and_the_entry_point_override() ->
     assert first["NCCL_DEBUG"] == "INFO" and first["OMP_NUM_THREADS"] == "4"  # host env beats cluster env
     assert first["FLODL_DATA_PATH"] == "/flodl/data"
     assert attempt.command(world) == ["/opt/b/train", "--epochs", "3"]
+
+
+def test_child_output_becomes_lines_whatever_the_child_writes() -> None:
+    import asyncio
+
+    from flodl_agent.agent import output_lines
+
+    async def collect(data: bytes) -> list[str]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        return [line async for line in output_lines(reader, longest=10)]
+
+    # progress bars end their lines with \r; a 100 KB line is cut, not fatal; no trailing newline is fine
+    assert asyncio.run(collect(b"epoch 1\r 10%\r 20%\nok\r\n")) == ["epoch 1", " 10%", " 20%", "ok"]
+    assert asyncio.run(collect(b"x" * 25)) == ["x" * 10, "x" * 10, "x" * 5]
+    assert asyncio.run(collect(b"\xff\xfehalf")) == ["\ufffd\ufffdhalf"]
+
+
+def test_ranks_get_no_credentials_or_internal_plumbing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FDL_TOKEN", "0" * 32)
+    monkeypatch.setenv("FLODL_INTERNAL_AGENT_JSON", "7b7d")
+    attempt = Attempt(AgentOptions(host="a"), Offer(["cpu:0"], ["cpu"], "cpu"), lambda _: None)
+    world = WorldFormed(
+        world_size=1,
+        host=HostEnvelope(host="a", first_rank=0, count=1),
+        group=0,
+        hosts=1,
+        controller="h:1",
+        command=["x"],
+    )
+    (env,) = attempt.rank_env(world, "[fd00::1]:7000")
+    assert "FDL_TOKEN" not in env and "FLODL_INTERNAL_AGENT_JSON" not in env
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("fd00::1", "7000")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,6 @@ path: fdl.cluster.yml
 """
 
 display = Display()
-_UNPINNED = re.compile(r"^(stricthostkeychecking[ =]+no|userknownhostsfile[ =]+/dev/null)$", re.I)
 _VARIANT = re.compile(r"^(cpu|cu\d{3}|rocm[\d.]+)$")
 
 
@@ -112,11 +112,13 @@ class InventoryModule(BaseInventoryPlugin):
             "flodl_worker_gpu_ram_share": worker.gpu_ram_share,
         }
         if ssh and ssh.options:
-            kept = [o for o in ssh.options if not _UNPINNED.match(o.strip())]
+            from flodl_agent.config.validate import downgrades_host_keys  # one rule for both
+
+            kept = [o for o in ssh.options if not downgrades_host_keys(o)]
             for dropped in set(ssh.options) - set(kept):
                 display.warning(f"fdl_cluster: {name}: dropped `{dropped}`: host keys stay pinned")
             if kept:
-                values["ansible_ssh_common_args"] = " ".join(f"-o {o.replace(' ', '=', 1)}" for o in kept)
+                values["ansible_ssh_common_args"] = " ".join(f"-o {shlex.quote(o)}" for o in kept)
         for key, value in values.items():
             if value is not None:
                 self.inventory.set_variable(name, key, value)

@@ -1,0 +1,86 @@
+"""Small facts about addresses and sockets, shared by the controller, the agent
+and the operator's client."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+
+# A peer that vanishes without a FIN (power cut, pulled cable, dead VM) is
+# noticed after about a minute instead of never.
+KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0].strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def join_address(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class AddressError(ValueError):
+    pass
+
+
+def split_address(text: str, default_port: int = 1337) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``."""
+    host, port_text = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    if not host or (port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536)):
+        raise AddressError(
+            f"`{text}` is not an address: write host[:port], e.g. 10.0.0.1:1337 or [fd00::1]:1337"
+        )
+    return host, int(port_text) if port_text else default_port
+
+
+def ssh_argv(
+    target: str,
+    *,
+    user: str | None = None,
+    port: int | None = None,
+    identity_file: str | None = None,
+    options: list[str] | tuple[str, ...] = (),
+    extra: list[str] | tuple[str, ...] = (),
+) -> list[str]:
+    """An OpenSSH command line from an ``ssh:`` block: never a password prompt,
+    dead links noticed, host keys as the user's known_hosts pins them."""
+    argv = [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ServerAliveInterval=15",
+        "-o",
+        "ServerAliveCountMax=3",
+        *extra,
+    ]
+    if port is not None:
+        argv += ["-p", str(port)]
+    if identity_file:
+        argv += ["-i", identity_file, "-o", "IdentitiesOnly=yes"]
+    for option in options:
+        argv += ["-o", option]
+    return [*argv, f"{user}@{target}" if user else target]
+
+
+def keepalive(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in KEEPALIVE.items():
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:
+        pass  # a socket type without keepalive (a test double, a unix socket): nothing to tune
