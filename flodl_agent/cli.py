@@ -10,6 +10,7 @@ import asyncio
 import difflib
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -448,8 +449,21 @@ def join_cmd(
         if err.is_terminal:
             (spinner.start if waiting else spinner.stop)()
 
-    code = asyncio.run(run_join(options, persist=keep, log=_log, backoff_start=backoff, on_wait=on_wait))
-    raise SystemExit(code)
+    async def main() -> int:
+        # SIGTERM (systemd stop, a launcher's orphan clean-up) must end the ranks too:
+        # cancelling unwinds through the attempt's clean-up, which kills them.
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if task is not None:
+                loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await run_join(options, persist=keep, log=_log, backoff_start=backoff, on_wait=on_wait)
+        except asyncio.CancelledError:
+            _log("stopped by a signal; ranks ended")
+            return 1
+
+    raise SystemExit(asyncio.run(main()))
 
 
 def _first_error(exc: Exception) -> str:

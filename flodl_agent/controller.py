@@ -78,6 +78,7 @@ class Settings:
     plane: Plane = "cpu"
     env: dict[str, str] = field(default_factory=dict)
     run: str = ""
+    roster: list[str] = field(default_factory=list)  # configured workers, in rank order
 
 
 class Controller:
@@ -178,7 +179,11 @@ class Controller:
         )
 
     def _form(self, decision: Form) -> None:
-        ranges = assign_contiguous([(m.host, m.ranks) for m in decision.members])
+        # Configured workers take ranks in worker order (the cluster file's promise);
+        # walk-ins follow in admission order.
+        place = {host: i for i, host in enumerate(self.settings.roster)}
+        members = sorted(decision.members, key=lambda m: place.get(m.host, len(place)))
+        ranges = assign_contiguous([(m.host, m.ranks) for m in members])
         common = {
             "world_size": ranges[-1].stop if ranges else 0,
             "hosts": len(ranges),
@@ -194,6 +199,7 @@ class Controller:
         for r in ranges:
             if r.host in self.links:
                 self.links[r.host].ranks = r.ranks
+        self._roster = None  # the final ranks replace the provisional ones
         self._spawn(self._ship(ranges, common))
 
     async def _ship(self, ranges: list[RankRange], common: dict[str, Any]) -> None:
@@ -449,11 +455,14 @@ class Controller:
 
     def _roster_json(self) -> str:
         if self._roster is None:
-            # A departure shifted ranks: rebuild once, then arrivals append again.
+            # A departure shifted ranks, or the world formed: rebuild once, then arrivals append again.
             ranges = assign_contiguous([(m.host, m.ranks) for m in self.window.members])
-            self._roster = {
-                r.host: self._host_json(self.links[r.host], r.start) for r in ranges if r.host in self.links
-            }
+            self._roster = {}
+            for r in ranges:
+                link = self.links.get(r.host)
+                if link is not None:
+                    first = link.ranks.start if link.ranks is not None else r.start
+                    self._roster[r.host] = self._host_json(link, first)
         return "[" + ",".join(self._roster.values()) + "]"
 
     def _state_head(self) -> dict[str, Any]:

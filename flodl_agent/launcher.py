@@ -52,6 +52,7 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         plane=options.plane,
         env=dict(cluster.env),
         run=secrets.token_hex(4),
+        roster=[w.host for w in cluster.workers],
     )
     return Controller(settings, log=log)
 

@@ -178,3 +178,42 @@ def test_a_waiting_agent_on_a_terminal_shows_a_spinner(tmp_path: Path) -> None:
     finally:
         if launch.poll() is None:
             launch.kill()
+
+
+def test_sigterm_on_an_agent_ends_its_ranks(tmp_path: Path) -> None:
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=1, join_timeout=1, max_join_timeout=30)
+    pidfile = tmp_path / "rank.pid"
+    rank = [
+        sys.executable,
+        "-c",
+        f"import os, time; open(r'{pidfile}', 'w').write(str(os.getpid())); time.sleep(120)",
+    ]
+    launch = subprocess.Popen(
+        ["fdl", "launch", "--", *rank], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for(lambda: state(tmp_path).get("phase") == "waiting")
+        agent = subprocess.Popen(
+            ["fdl", "join", f"127.0.0.1:{port}", "--devices", "cpu:1"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: pidfile.exists() and pidfile.read_text() != "")
+        rank_pid = int(pidfile.read_text())
+        agent.terminate()
+        assert agent.wait(timeout=30) == 1
+        wait_for(lambda: not Path(f"/proc/{rank_pid}").exists() or "zombie" in _proc_state(rank_pid))
+        assert launch.wait(timeout=30) == 1  # the host vanished mid-run: the run failed
+    finally:
+        for proc in (launch,):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return "zombie"

@@ -430,3 +430,32 @@ def test_refusals_are_counted_by_code_and_hostile_hellos_are_dropped() -> None:
         assert isinstance(await holder, AgentFailure)
 
     run(scenario)
+
+
+def test_configured_workers_take_ranks_in_worker_order_whoever_dials_first(tmp_path: Any) -> None:
+    out = tmp_path / "ranks"
+    out.mkdir()
+    script = (
+        f"import os; open(os.path.join(r'{out}', os.environ['FLODL_HOST']), 'w').write(os.environ['RANK'])"
+    )
+
+    async def scenario() -> None:
+        s = settings([sys.executable, "-c", script], quorum=3, target=3, roster=["first", "second"])
+        s.env = {}
+        ctl = Controller(s)
+        await ctl.start()
+        late_first = agent(ctl, "first", 1)
+        late_first.env = {"FLODL_HOST": "first"}
+        second = agent(ctl, "second", 1)
+        second.env = {"FLODL_HOST": "second"}
+        walker = agent(ctl, "walk-in", 1)
+        walker.env = {"FLODL_HOST": "walk-in"}
+        b = asyncio.ensure_future(walk_in(second))
+        await until(lambda: ctl.window.joined_ranks == 1)
+        w = asyncio.ensure_future(walk_in(walker))
+        await until(lambda: ctl.window.joined_ranks == 2)
+        assert await asyncio.gather(walk_in(late_first), b, w) == [0, 0, 0]
+        await ctl.close()
+
+    run(scenario)
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"first": "0", "second": "1", "walk-in": "2"}
