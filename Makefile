@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup system-deps demo test test-fast test-lab lint typecheck unit lab-up lab-down clean
+.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint typecheck unit lab-up lab-down clean
 
 setup: $(STAMP)
 
@@ -24,7 +24,7 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/ansible-lint --profile production site.yml playbooks roles
+	$(VENV)/bin/ansible-lint --profile production site.yml playbooks roles tests/molecule
 
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -40,7 +40,13 @@ test-fast: lint typecheck
 test-lab: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m lab tests/lab
 
-test: test-fast test-lab
+# Molecule: each role alone on a lab node, converge + idempotence + verify (minutes).
+test-molecule: setup
+	tests/lab/lab image
+	tests/lab/lab wheels
+	cd tests && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" molecule test --all
+
+test: test-fast test-molecule test-lab
 
 lab-up: setup
 	tests/lab/lab up
