@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.lab
 
@@ -176,3 +177,13 @@ def test_a_mistyped_variable_stops_the_play_naming_it(lab: dict[str, str]) -> No
     assert "flodl_worker_door_port" in bad.stdout and "convert to int" in bad.stdout
     impossible = play(lab, "site.yml", "-e", json.dumps({"flodl_controller_door_port": 1337}), "--check")
     assert impossible.returncode != 0 and "must be distinct ports" in impossible.stdout
+
+
+def test_a_golden_image_worker_walks_in_under_its_own_hostname(lab: dict[str, str]) -> None:
+    golden = play(lab, "playbooks/golden_image.yml", "-e", f"flodl_golden_hosts={WORKERS[1]}")
+    assert golden.returncode == 0, golden.stdout[-4000:]
+    join = yaml.safe_load(on(WORKERS[1], "cat", "/etc/flodl/fdl.yml").stdout)["join"]
+    assert "host" not in join and join["persist"]  # no roster name baked in: the box's own at run time
+    run = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert f"admitted {WORKERS[1]}" in run.stdout  # the container's hostname, read at run time
