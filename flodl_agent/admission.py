@@ -76,6 +76,23 @@ class Cohort:
                 self._refs[attr] = next((h for h in self._by_host.values() if getattr(h, attr)), None)
 
 
+_SIGNATURES = (
+    (
+        "model_sig",
+        "model_mismatch",
+        "model mismatch: the model this box builds differs from the cohort's",
+        "this box runs different model code: a stale source tree, a wrong --bin, or different "
+        "arguments; fix it and --persist re-dials",
+    ),
+    (
+        "dataset_sig",
+        "dataset_mismatch",
+        "dataset mismatch: this box's data root differs from the cohort's",
+        "sync the data root (or mount the shared one read-only with join.data_source)",
+    ),
+)
+
+
 def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
     """``None`` when ``hello`` may join ``cohort``; otherwise why not."""
     if not hello.host.strip():
@@ -143,22 +160,11 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
             "a publish landed between two boxes' fetches; nothing to fix: the stale side picks the "
             "new run up on its next dial",
         )
-    ref = cohort.reference("model_sig")
-    if ref is not None and hello.model_sig and ref.model_sig != hello.model_sig:
-        return Refusal(
-            "model_mismatch",
-            f"model mismatch: the model this box builds differs from the cohort's (first "
-            f"signed by {ref.host})",
-            "this box runs different model code: a stale source tree, a wrong --bin, or different "
-            "arguments; fix it and --persist re-dials",
-        )
-    ref = cohort.reference("dataset_sig")
-    if ref is not None and hello.dataset_sig and ref.dataset_sig != hello.dataset_sig:
-        return Refusal(
-            "dataset_mismatch",
-            f"dataset mismatch: this box's data root differs from the cohort's (first signed by {ref.host})",
-            "sync the data root (or mount the shared one read-only with join.data_source)",
-        )
+    for attr, code, what, fix in _SIGNATURES:
+        ref = cohort.reference(attr)
+        # A box without a signature is not compared here: the formation check is its backstop.
+        if ref is not None and getattr(hello, attr) and getattr(ref, attr) != getattr(hello, attr):
+            return Refusal(code, f"{what} (first signed by {ref.host})", fix)
     return None
 
 
