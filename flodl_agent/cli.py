@@ -224,7 +224,7 @@ async def _live_roster(controller: Controller) -> None:
     """A spinner with the roster while the window is open (terminals only)."""
     with err.status("opening the join window") as spinner:
         while controller.window.phase in ("waiting", "staging"):
-            spinner.update(escape(one_line(controller.state())))
+            spinner.update(escape(one_line(controller.summary())))
             await asyncio.sleep(0.5)  # the display's refresh interval
 
 

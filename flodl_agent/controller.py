@@ -484,6 +484,10 @@ class Controller:
     def state(self) -> dict[str, Any]:
         return self._state_head() | {"hosts": json.loads(self._roster_json())}
 
+    def summary(self) -> dict[str, Any]:
+        """The live head plus host names: what a spinner shows, without the roster's JSON."""
+        return self._state_head() | {"hosts": [{"host": host} for host in self.links]}
+
     async def _http(
         self, preamble: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
     ) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .agent import output_lines
 from .config.models import Cluster, Worker
-from .net import join_address, ssh_argv
+from .net import is_bind_all, join_address, local_address, ssh_argv
 
 
 class FanoutError(ValueError):
@@ -34,7 +34,7 @@ def orphan_tag(controller: str, worker: Worker) -> str:
 
 def dial_address(cluster: Cluster) -> str:
     host = cluster.controller.host
-    if host in ("0.0.0.0", "::", ""):
+    if is_bind_all(host):
         raise FanoutError(
             f"cluster.controller.host is {host!r}, a bind-all address workers cannot dial; "
             "set it to the controller's address on the workers' network"
@@ -61,7 +61,7 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
         # The worker's traffic rides this session: the worker's loopback, forwarded back
         # to wherever the controller listens on its own box.
         listen = bind or cluster.controller.host
-        far = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(listen, listen)
+        far = local_address(listen)
         extra = ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:{join_address(far, port)}"]
         dial_host = "127.0.0.1"
     ssh = worker.ssh

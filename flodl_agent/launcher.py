@@ -12,6 +12,7 @@ from .controller import BindError, Controller, Settings
 from .errors import Failure
 from .fanout import Fanout, FanoutError, plan
 from .messages import Plane
+from .net import is_loopback
 from .ranks import plan_window
 from .window import WindowConfig
 
@@ -38,7 +39,7 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
             str(exc), "list devices explicitly, or set cluster.controller.join.min_rank_start"
         ) from None
     bind = options.bind or cluster.controller.host
-    if join.tunnel_only and bind not in ("127.0.0.1", "::1", "localhost"):
+    if join.tunnel_only and not is_loopback(bind):
         # Reachability through the guardrailed sshd is the credential: nothing else may reach the port.
         log(f"tunnel_only: binding 127.0.0.1 instead of {bind}; walk-ins arrive through the join door")
         bind = "127.0.0.1"

@@ -19,6 +19,19 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+BIND_ALL = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+def is_bind_all(host: str) -> bool:
+    return host in BIND_ALL
+
+
+def local_address(host: str) -> str:
+    """Where this box reaches a server bound to ``host``: a bind-all address is
+    reached on the loopback of the same family, anything else as it is."""
+    return BIND_ALL.get(host, host)
+
+
 def join_address(host: str, port: int) -> str:
     """``host:port``, with an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 from rich.table import Table
 from rich.text import Text
 
-from .net import join_address, split_address
+from .net import join_address, local_address, split_address
 
 DEFAULT_ADDR = "127.0.0.1:1337"
 PHASE_STYLE = {
@@ -56,8 +56,7 @@ def resolve_addr(addr: str | None, cwd: Path) -> tuple[str, str | None]:
         except ConfigError:
             cluster = None
         if cluster is not None:
-            # a bind-all address is reached on this box's own loopback of the same family
-            host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(cluster.controller.host, cluster.controller.host)
+            host = local_address(cluster.controller.host)
             return join_address(host, cluster.controller.port), f"controller from {cluster_file}"
     return DEFAULT_ADDR, f"no --addr and no ./fdl.cluster.yml: trying {DEFAULT_ADDR}"
 

@@ -80,7 +80,9 @@ class InventoryModule(BaseInventoryPlugin):
         name = self.get_option("controller_name")
         self.inventory.add_group("flodl_controllers")
         self.inventory.add_host(name, group="flodl_controllers")
-        if ctl.host not in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "::"):
+        from flodl_agent.net import is_bind_all, is_loopback
+
+        if not (is_loopback(ctl.host) or is_bind_all(ctl.host)):  # a bind address, not a way in
             self.inventory.set_variable(name, "ansible_host", ctl.host)
         values = {
             "flodl_controller_bind": ctl.host,
