@@ -29,9 +29,10 @@ from . import wire
 from .config.devices import DeviceOffer
 from .config.models import Ssh
 from .errors import Failure
-from .messages import Abort, Accept, BadMessage, Challenge, Hello, Reject, WorldFormed
+from .messages import Abort, Accept, BadMessage, Challenge, Hello, Reject, Stream, WorldFormed
 from .messages import parse as parse_message
-from .net import join_address, keepalive, split_address, ssh_argv
+from .net import join_address, keepalive, socket_ifnames, ssh_argv
+from .rendezvous import StreamRelay, serve_store
 
 CLEAN, TRANSIENT, PERMANENT = 0, 1, 2
 DIAL_TIMEOUT = 10.0
@@ -73,6 +74,7 @@ class AgentOptions:
     model_sig: str = ""
     dataset_sig: str = ""
     run_id: str = ""
+    socket_ifname: str = ""  # nccl_socket_ifname: NCCL's syntax; gloo gets one concrete interface
 
 
 @dataclass(frozen=True)
@@ -331,12 +333,15 @@ class Attempt:
             self.on_wait(False)
         return await self._train(message, road, reader, writer, codec)
 
-    def rank_env(self, world: WorldFormed, road: str) -> list[dict[str, str]]:
-        """Per-rank environments: torchrun's variables plus what only this box knows."""
+    def rank_env(self, world: WorldFormed, road: str, store_port: int) -> list[dict[str, str]]:
+        """Per-rank environments: torchrun's variables plus what only this box knows.
+
+        ``road`` is the controller address this join used (the controller's own idea
+        of it is wrong behind a tunnel or NAT); ``store_port`` is the loopback port of
+        the rendezvous store (the store itself on rank 0's host, a relay elsewhere).
+        """
         mine, group = world.host, world.group
-        # The agent trusts its own road: the controller's idea of its address
-        # is wrong behind a tunnel or NAT; the one this join used is proven.
-        master_addr, master_port = split_address(road)
+        ifnames = socket_ifnames(self.options.socket_ifname)
         # Ranks run with this agent's environment's bin/ first: the torch variant's venv.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         envs = []
@@ -356,14 +361,24 @@ class Attempt:
                 LOCAL_RANK=str(local),
                 LOCAL_WORLD_SIZE=str(mine.count),
                 GROUP_RANK=str(group),
-                MASTER_ADDR=master_addr,
-                MASTER_PORT=str(master_port),
+                # Every rank is a client of the agent's store, as under torchrun's agent.
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(store_port),
+                TORCHELASTIC_USE_AGENT_STORE="True",
+                TORCHELASTIC_RESTART_COUNT="0",
+                TORCHELASTIC_RUN_ID=world.run or "flodl",
                 FLODL_CONTROLLER=road,
                 FLODL_DEVICE=device,
                 FLODL_RUN=world.run,
             )
             if self.options.data_path:
                 env["FLODL_DATA_PATH"] = self.options.data_path
+            for key, value in ifnames.items():
+                env.setdefault(key, value)  # an explicit env: entry wins
+            if mine.count > 1:
+                env.setdefault(
+                    "OMP_NUM_THREADS", "1"
+                )  # torchrun's default: ranks must not oversubscribe the box
             if device.startswith("cuda:"):
                 env["CUDA_VISIBLE_DEVICES"] = device.split(":")[1]
             envs.append(env)
@@ -391,8 +406,9 @@ class Attempt:
             f"world formed: {world.world_size} ranks; this host runs "
             f"[{mine.first_rank}..{mine.first_rank + mine.count})"
         )
+        relay, store, store_port = await self._rendezvous(world, writer, codec)
         ranks = []
-        for local, env in enumerate(self.rank_env(world, road)):
+        for local, env in enumerate(self.rank_env(world, road, store_port)):
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *command,
@@ -409,17 +425,27 @@ class Attempt:
                 ) from None
             self.children.append(proc)
             ranks.append(asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, codec)))
-        abort = asyncio.ensure_future(self._watch_link(reader, codec))
-        pending: set[asyncio.Future[Any]] = {abort, *ranks}
-        while abort in pending and len(pending) > 1:
-            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        if abort.done():
-            for task in ranks:
-                task.cancel()
-            await asyncio.gather(*ranks, return_exceptions=True)
-            raise AgentFailure(abort.result())
-        abort.cancel()
-        codes = [t.result() for t in ranks]
+        abort = asyncio.ensure_future(self._watch_link(reader, codec, relay))
+        try:
+            pending: set[asyncio.Future[Any]] = {abort, *ranks}
+            while abort in pending and len(pending) > 1:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if abort.done():
+                for task in ranks:
+                    task.cancel()
+                await asyncio.gather(*ranks, return_exceptions=True)
+                raise AgentFailure(abort.result())
+            codes = [t.result() for t in ranks]
+            if store is not None:
+                # Other hosts' ranks may still talk to the store (a last barrier):
+                # serve it until their connections close or the run ends.
+                drained = asyncio.ensure_future(relay.drained())
+                await asyncio.wait({abort, drained}, return_when=asyncio.FIRST_COMPLETED)
+                drained.cancel()
+        finally:
+            abort.cancel()
+            await relay.close()
+            del store
         # Half-close and wait for the controller to close in turn: only then are the
         # exit reports known to have crossed every hop (a tunnel torn down early loses them).
         await writer.drain()
@@ -440,7 +466,27 @@ class Attempt:
         writer.write(codec.encode(wire.Kind.RANK_EXITED, {"rank": rank, "code": code}))
         return code
 
-    async def _watch_link(self, reader: asyncio.StreamReader, codec: wire.Codec) -> str:
+    async def _rendezvous(
+        self, world: WorldFormed, writer: asyncio.StreamWriter, codec: wire.Codec
+    ) -> tuple[StreamRelay, Any, int]:
+        """The store (on rank 0's host) or a relay to it: the relay, the store, the ranks' port."""
+
+        def send(sid: int, data: bytes, end: bool) -> None:
+            writer.write(codec.encode(wire.Kind.STREAM, {"id": sid, "data": data, "end": end}))
+
+        if world.host.first_rank != 0:
+            relay = StreamRelay(send)
+            return relay, None, await relay.listen()
+        try:
+            store, port = await asyncio.get_running_loop().run_in_executor(None, serve_store)
+        except (ImportError, RuntimeError, OSError) as exc:
+            # Scripts that never rendezvous (no torch.distributed) still run.
+            self.log(f"note: no rendezvous store on this host ({exc}); env:// rendezvous will fail")
+            relay = StreamRelay(send)
+            return relay, None, await relay.listen()
+        return StreamRelay(send, store_port=port), store, port
+
+    async def _watch_link(self, reader: asyncio.StreamReader, codec: wire.Codec, relay: StreamRelay) -> str:
         while True:
             try:
                 message = parse_message(await self._frame(reader, codec, None))
@@ -448,7 +494,9 @@ class Attempt:
                 return "the controller went away mid-run"
             except wire.Dropped as exc:
                 return f"the controller link broke ({exc})"
-            if isinstance(message, Abort):
+            if isinstance(message, Stream):
+                relay.feed(message.id, message.data, message.end)
+            elif isinstance(message, Abort):
                 return f"the controller aborted the run: {message.reason}"
 
     async def _kill_children(self) -> None:
@@ -506,12 +554,39 @@ async def join(
     attempts: int | None = None,
     on_wait: Callable[[bool], None] = lambda _: None,
 ) -> int:
-    """``fdl join``: one attempt, or with ``persist`` a loop that stops only on a permanent failure."""
+    """``fdl join``: one attempt, or with ``persist`` a loop that stops only on a permanent failure.
+
+    SIGUSR1 cuts a backoff short ("a window just opened: dial now"); during a run it does nothing.
+    """
+    dial_now = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, dial_now.set)
+        handled = True
+    except (ValueError, NotImplementedError, RuntimeError):  # not the main thread
+        handled = False
+    try:
+        return await _join_loop(options, persist, log, backoff_start, attempts, on_wait, dial_now)
+    finally:
+        if handled:
+            loop.remove_signal_handler(signal.SIGUSR1)
+
+
+async def _join_loop(
+    options: AgentOptions,
+    persist: bool,
+    log: Callable[[str], None],
+    backoff_start: float,
+    attempts: int | None,
+    on_wait: Callable[[bool], None],
+    dial_now: asyncio.Event,
+) -> int:
     delay: float | None = None
     tries = 0
     while True:
         tries += 1
         started = time.monotonic()
+        dial_now.clear()  # a nudge during this attempt cuts the backoff after it
         try:
             code = await join_once(options, log, on_wait)
             if code == CLEAN:
@@ -525,7 +600,9 @@ async def join(
             return code
         delay = next_backoff(delay, time.monotonic() - started, backoff_start)
         log(f"re-dialling in {delay:.0f}s")
-        await asyncio.sleep(delay)  # the backoff itself, not a stand-in for synchronization
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(dial_now.wait(), delay)  # the backoff itself, or a nudge
+            log("nudged (SIGUSR1): re-dialling now")
 
 
 class AgentSpec(BaseModel):
@@ -541,6 +618,7 @@ class AgentSpec(BaseModel):
     devices: str | None = None
     data_path: str = ""
     env: dict[str, str] = Field(default_factory=dict)
+    socket_ifname: str = Field("", max_length=256)
 
 
 def parse_agent_spec(text: str) -> AgentSpec:

@@ -264,6 +264,12 @@ def _token_or_exit(option: str | None) -> str | None:
     help="Start an agent on every configured worker over ssh. --no-fanout when the workers run "
     "their own join unit (fdl join --persist).",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the run's report on stdout at the end: verdict, the world as formed, every rank's exit.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def launch(
     config_file: Path,
@@ -272,6 +278,7 @@ def launch(
     port: int | None,
     plane: str,
     fanout: bool,
+    as_json: bool,
     command: tuple[str, ...],
 ) -> None:
     """Open the join window and run COMMAND on every admitted rank.
@@ -283,17 +290,27 @@ def launch(
     options = LaunchOptions(
         command=list(command), bind=bind, port=port, plane="nccl" if plane == "nccl" else "cpu", fanout=fanout
     )
-    _launch_loaded(loaded, config_file, options)
+    _launch_loaded(loaded, config_file, options, as_json)
 
 
-def _launch_loaded(loaded: Loaded, config_file: Path, options: LaunchOptions) -> NoReturn:
+def _launch_loaded(
+    loaded: Loaded, config_file: Path, options: LaunchOptions, as_json: bool = False
+) -> NoReturn:
     _print_problems(loaded.warnings)
     cluster = loaded.config.cluster
     if cluster is None:
         err.print(f"fdl launch: {config_file} has no cluster: block to launch", style="red", markup=False)
         raise SystemExit(1)
     try:
-        code = asyncio.run(run_launch(cluster, options, _log, _live_roster if err.is_terminal else None))
+        code = asyncio.run(
+            run_launch(
+                cluster,
+                options,
+                _log,
+                _live_roster if err.is_terminal else None,
+                (lambda report: click.echo(json.dumps(report, indent=2))) if as_json else None,
+            )
+        )
     except LaunchError as exc:
         err.print(f"fdl launch: {exc.render()}", style="red", markup=False)
         raise SystemExit(1) from None
@@ -441,6 +458,7 @@ def join_cmd(
         ssh=ssh,
         data_path=spec.data_path or block.data_path or "",
         env={**block.env, **spec.env},
+        socket_ifname=spec.socket_ifname or block.nccl_socket_ifname or "",
     )
     keep = block.persist if persist is None else persist
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")

@@ -32,10 +32,12 @@ from .messages import (
     Plane,
     RankExited,
     Reject,
+    Stream,
 )
 from .messages import parse as parse_message
 from .net import is_loopback, join_address, keepalive
 from .ranks import RankRange, assign_contiguous
+from .rendezvous import RouteError, StreamRouter
 from .window import Fail, Form, Keep, Window, WindowConfig
 
 PREAMBLE_TIMEOUT = 5.0
@@ -108,6 +110,11 @@ class Controller:
         self.admitted = 0
         self.finished = asyncio.Event()
         self.exit_code = 1
+        self.reason = ""
+        # The world as formed and every rank's exit: the run's report outlives the links.
+        self.formed: list[dict[str, Any]] = []
+        self.exits: dict[str, dict[int, int]] = {}
+        self.streams: StreamRouter | None = None  # rendezvous routes, once the world formed
         self.port = settings.port
         self._timer: asyncio.TimerHandle | None = None
         self._server: asyncio.Server | None = None
@@ -199,6 +206,11 @@ class Controller:
         for r in ranges:
             if r.host in self.links:
                 self.links[r.host].ranks = r.ranks
+        if ranges:
+            self.streams = StreamRouter(ranges[0].host)  # rank 0's host serves the store
+        self.formed = [
+            json.loads(self._host_json(self.links[r.host], r.start)) for r in ranges if r.host in self.links
+        ]
         self._roster = None  # the final ranks replace the provisional ones
         self._spawn(self._ship(ranges, common))
 
@@ -227,6 +239,7 @@ class Controller:
 
     def _fail(self, reason: str) -> None:
         self.log(f"run failed: {reason}")
+        self.reason = reason
         for link in self.links.values():
             with contextlib.suppress(Exception):
                 link.send(wire.Kind.ABORT, {"reason": reason})
@@ -389,6 +402,9 @@ class Controller:
                 frame = await self._read_frame(reader, link.codec)
                 if frame is None:
                     break
+                if frame.kind is wire.Kind.STREAM:
+                    self._route(host, frame)
+                    continue
                 if frame.kind is wire.Kind.RANK_EXITED:
                     exited = parse_message(frame)
                     assert isinstance(exited, RankExited)
@@ -396,6 +412,7 @@ class Controller:
                         self.dropped["rank"] += 1  # not one of this host's ranks: ignore, never count
                         continue
                     link.exited[exited.rank] = exited.code
+                    self.exits.setdefault(host, {})[exited.rank] = exited.code
                     self.log(f"rank {exited.rank} on {host} exited with code {exited.code}")
                     if exited.code != 0 and self.window.phase == "training":
                         self._apply(
@@ -412,6 +429,27 @@ class Controller:
                 self._unregister(link)
                 self._closed(link)
 
+    def _route(self, host: str, frame: wire.Frame) -> None:
+        """A rendezvous stream's bytes: member -> store host, or store host -> member."""
+        stream = parse_message(frame)
+        assert isinstance(stream, Stream)
+        router = self.streams
+        try:
+            if router is None:
+                raise RouteError("no world formed yet")
+            if host == router.store_host:
+                target, sid = router.from_store(stream.id, stream.end)
+            else:
+                target, sid = router.store_host, router.from_member(host, stream.id, stream.end)
+        except RouteError:
+            self.dropped["stream"] += 1
+            return
+        link = self.links.get(target)
+        if link is None:
+            self.dropped["stream"] += 1
+            return
+        link.send(wire.Kind.STREAM, {"id": sid, "data": stream.data, "end": stream.end})
+
     def _register(self, link: Link, first: int) -> None:
         self.links[link.hello.host] = link
         self.cohort.add(link.hello)
@@ -420,6 +458,11 @@ class Controller:
 
     def _unregister(self, link: Link) -> None:
         del self.links[link.hello.host]
+        if self.streams is not None and link.hello.host != self.streams.store_host:
+            store = self.links.get(self.streams.store_host)
+            for gid in self.streams.drop_host(link.hello.host):  # its ranks' store connections end
+                if store is not None:
+                    store.send(wire.Kind.STREAM, {"id": gid, "end": True})
         self.cohort.remove(link.hello.host)
         self._roster = None
 
@@ -483,6 +526,25 @@ class Controller:
 
     def state(self) -> dict[str, Any]:
         return self._state_head() | {"hosts": json.loads(self._roster_json())}
+
+    def report(self) -> dict[str, Any]:
+        """The run's verdict (`fdl launch --json`): the world as formed and how every rank exited."""
+        hosts = [
+            host
+            | {"exits": {str(rank): code for rank, code in sorted(self.exits.get(host["host"], {}).items())}}
+            for host in self.formed
+        ]
+        return {
+            "run": self.settings.run,
+            "ok": self.exit_code == 0,
+            "phase": self.window.phase,
+            "reason": self.reason,
+            "world_size": sum(len(h["devices"]) for h in self.formed),
+            "hosts": hosts,
+            "admitted": self.admitted,
+            "refused": dict(self.refused),
+            "dropped": dict(self.dropped),
+        }
 
     def summary(self) -> dict[str, Any]:
         """The live head plus host names: what a spinner shows, without the roster's JSON."""

@@ -74,6 +74,7 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
         "devices": str(worker.local_devices),
         "data_path": worker.data_path or "",
         "env": worker.env,
+        "socket_ifname": worker.nccl_socket_ifname or "",
     }
     argv = ssh_argv(
         (ssh.target if ssh and ssh.target else None) or worker.host,

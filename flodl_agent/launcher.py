@@ -6,6 +6,7 @@ import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .config.models import Cluster
 from .controller import BindError, Controller, Settings
@@ -63,8 +64,10 @@ async def launch(
     options: LaunchOptions,
     log: Callable[[str], None],
     watch: Callable[[Controller], Awaitable[None]] | None = None,
+    report: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
-    """Run one launch to its verdict; ``watch`` (a live display) runs alongside."""
+    """Run one launch to its verdict; ``watch`` (a live display) runs alongside, and
+    ``report`` gets the run's report (the world as formed, every rank's exit) at the end."""
     controller = controller_for(cluster, options, log)
     try:
         await controller.start()
@@ -116,4 +119,6 @@ async def launch(
     finally:
         await controller.close()
         await fanout.stop()
+    if report is not None:
+        report(controller.report())
     return controller.exit_code

@@ -106,6 +106,14 @@ class Abort(_Msg):
     reason: str
 
 
+class Stream(_Msg):
+    """Bytes of one rendezvous stream (a rank's connection to the store); ``end`` closes it."""
+
+    id: int = Field(ge=0, lt=2**62)
+    data: bytes = Field(default=b"", max_length=64 * 1024)
+    end: bool = False
+
+
 _BODIES: dict[Kind, type[_Msg]] = {
     Kind.CHALLENGE: Challenge,
     Kind.HELLO: Hello,
@@ -114,6 +122,7 @@ _BODIES: dict[Kind, type[_Msg]] = {
     Kind.WORLD_FORMED: WorldFormed,
     Kind.RANK_EXITED: RankExited,
     Kind.ABORT: Abort,
+    Kind.STREAM: Stream,
 }
 
 

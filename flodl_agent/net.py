@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from pathlib import Path
 
 # A peer that vanishes without a FIN (power cut, pulled cable, dead VM) is
 # noticed after about a minute instead of never.
@@ -97,3 +98,34 @@ def keepalive(writer: asyncio.StreamWriter) -> None:
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
     except OSError:
         pass  # a socket type without keepalive (a test double, a unix socket): nothing to tune
+
+
+def socket_ifnames(nccl: str, interfaces: list[str] | None = None) -> dict[str, str]:
+    """The rank environment for a worker's ``nccl_socket_ifname``.
+
+    NCCL takes its own syntax (prefixes, ``=exact``, ``^excluded``); gloo needs
+    concrete interface names, so one is picked from this box's ``interfaces``
+    (default: ``/sys/class/net``). Nothing concrete matches: gloo is left alone.
+    """
+    if not nccl:
+        return {}
+    if interfaces is None:
+        try:
+            interfaces = sorted(p.name for p in Path("/sys/class/net").iterdir())
+        except OSError:
+            interfaces = []
+    env = {"NCCL_SOCKET_IFNAME": nccl}
+    exclude = nccl.startswith("^")
+    exact = nccl.lstrip("^").startswith("=")
+    wanted = [w for w in nccl.lstrip("^").lstrip("=").split(",") if w]
+
+    def matches(name: str) -> bool:
+        return any(name == w or (not exact and name.startswith(w)) for w in wanted)
+
+    if exclude:
+        picked = [i for i in interfaces if i != "lo" and not matches(i)][:1]
+    else:
+        picked = [w for w in wanted if w in interfaces] or [i for i in interfaces if matches(i)][:1]
+    if picked:
+        env["GLOO_SOCKET_IFNAME"] = ",".join(picked)
+    return env

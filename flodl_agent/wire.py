@@ -83,6 +83,7 @@ class Kind(IntEnum):
     ATTACH = 9  # first frame on a rendezvous/data/control channel
     REQUEST = 10
     REPLY = 11
+    STREAM = 12  # a rendezvous stream's bytes, carried on a control link
 
 
 class Dropped(Exception):

@@ -59,7 +59,7 @@ def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
     ]
     env = {**os.environ, "NO_COLOR": "1"}
     launch = subprocess.Popen(
-        ["fdl", "launch", "--", *rank_cmd],
+        ["fdl", "launch", "--json", "--", *rank_cmd],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -99,6 +99,16 @@ def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
         assert launch.stderr is not None
         log = launch.stderr.read()
         assert "operator start accepted" in log and "run complete" in log
+        assert launch.stdout is not None
+        report = json.loads(launch.stdout.read())
+        assert report["ok"] and report["phase"] == "done" and report["world_size"] == 2
+        assert [(h["host"], h["ranks"], h["exits"]) for h in report["hosts"]] == [
+            ("box-a", [0, 1], {"0": 0}),
+            ("box-b", [1, 2], {"1": 0}),
+        ] or [(h["host"], h["ranks"], h["exits"]) for h in report["hosts"]] == [
+            ("box-b", [0, 1], {"0": 0}),
+            ("box-a", [1, 2], {"1": 0}),
+        ]
     finally:
         if launch.poll() is None:
             launch.kill()
@@ -190,7 +200,11 @@ def test_sigterm_on_an_agent_ends_its_ranks(tmp_path: Path) -> None:
         f"import os, time; open(r'{pidfile}', 'w').write(str(os.getpid())); time.sleep(120)",
     ]
     launch = subprocess.Popen(
-        ["fdl", "launch", "--", *rank], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ["fdl", "launch", "--json", "--", *rank],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         wait_for(lambda: state(tmp_path).get("phase") == "waiting")
@@ -206,6 +220,11 @@ def test_sigterm_on_an_agent_ends_its_ranks(tmp_path: Path) -> None:
         assert agent.wait(timeout=30) == 1
         wait_for(lambda: not Path(f"/proc/{rank_pid}").exists() or "zombie" in _proc_state(rank_pid))
         assert launch.wait(timeout=30) == 1  # the host vanished mid-run: the run failed
+        assert launch.stdout is not None
+        report = json.loads(launch.stdout.read())
+        assert not report["ok"] and report["phase"] == "failed"
+        assert "closed its link" in report["reason"] or "exited with code" in report["reason"]
+        assert len(report["hosts"]) == 1 and report["world_size"] == 1
     finally:
         for proc in (launch,):
             if proc.poll() is None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -348,6 +350,30 @@ def test_controller_lost_mid_run_agents_exit_transient_and_persist_rejoins_the_n
         await second.finished.wait()
         assert second.exit_code == 0
         assert any("re-dialling" in line for line in logs)
+        await second.close()
+
+    run(scenario)
+
+
+def test_sigusr1_cuts_the_backoff_short_so_a_nudged_agent_dials_now() -> None:
+    async def scenario() -> None:
+        first = Controller(settings(OK, quorum=1, target=1))
+        await first.start()
+        port = first.port
+        logs: list[str] = []
+        # a backoff far longer than the test may take: only the nudge can bring the next dial
+        persistent = asyncio.ensure_future(
+            join(agent(first, "a", 1), persist=True, log=logs.append, backoff_start=3600, attempts=2)
+        )
+        await first.finished.wait()
+        await first.close()
+        await until(lambda: any("re-dialling in" in line for line in logs))
+        second = Controller(Settings(window=WindowConfig(1, 1, 30.0, 60.0, "auto"), command=OK, port=port))
+        await second.start()
+        os.kill(os.getpid(), signal.SIGUSR1)  # what run.yml's nudge sends the join unit
+        assert await persistent == 0
+        await second.finished.wait()
+        assert second.exit_code == 0 and any("nudged" in line for line in logs)
         await second.close()
 
     run(scenario)

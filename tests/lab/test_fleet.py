@@ -161,12 +161,45 @@ def test_door_b_serves_the_tree_read_only(lab: dict[str, str]) -> None:
     assert on(CONTROLLER, "test", "-e", "/opt/flodl/run/tree/w").returncode != 0
 
 
+def test_door_a_mounts_the_data_root_read_only_and_it_comes_back(lab: dict[str, str]) -> None:
+    on(CONTROLLER, "sh", "-c", "echo sample > /flodl/data/sample.txt")
+    for worker in WORKERS:
+        seen = on(worker, "cat", "/flodl/data/sample.txt", user="flodl")
+        assert seen.stdout == "sample\n", seen.stderr
+        write = on(worker, "sh", "-c", "echo x > /flodl/data/w")
+        assert write.returncode != 0 and "Read-only file system" in write.stderr
+    assert on(CONTROLLER, "test", "-e", "/flodl/data/w").returncode != 0
+    # door A carries no forward and no shell, only the chrooted sftp
+    data_door = "flodl-data@10.89.3.10"
+    forward = on(WORKERS[0], *DOOR, "-W", "127.0.0.1:1337", data_door, user="flodl")
+    assert forward.returncode != 0
+    shell = on(WORKERS[0], *DOOR, data_door, "cat", "/etc/hostname", user="flodl")
+    assert shell.returncode != 0 and "controller" not in shell.stdout
+    # the controller restarts: sshfs reconnects on the next read
+    assert on(CONTROLLER, "systemctl", "restart", "flodl-door.service").returncode == 0
+    assert on(WORKERS[0], "cat", "/flodl/data/sample.txt").stdout == "sample\n"
+    # its sshfs dies: the next dial (the join unit's start) remounts it
+    on(WORKERS[1], "pkill", "-9", "-f", "^/sbin/mount.fuse.sshfs")
+    assert "not connected" in on(WORKERS[1], "cat", "/flodl/data/sample.txt").stderr
+    assert on(WORKERS[1], "systemctl", "restart", "flodl-join.service").returncode == 0
+    assert on(WORKERS[1], "cat", "/flodl/data/sample.txt").stdout == "sample\n"
+    # the worker reboots: the mount unit brings the root back at boot
+    subprocess.run(["podman", "restart", WORKERS[0]], check=True, capture_output=True, timeout=120)
+    booted = on(WORKERS[0], "systemctl", "is-system-running", "--wait")
+    assert booted.stdout.strip() in {"running", "degraded"}, booted.stdout
+    assert on(WORKERS[0], "systemctl", "is-active", "flodl-data.mount").stdout.strip() == "active"
+    assert on(WORKERS[0], "cat", "/flodl/data/sample.txt").stdout == "sample\n"
+
+
 def test_a_run_walks_both_workers_in_through_the_door(lab: dict[str, str]) -> None:
     run = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
     assert run.returncode == 0, run.stdout[-4000:]
     assert "run complete: every host link closed" in run.stdout
     for worker in WORKERS:
         assert f"admitted {worker}" in run.stdout
+    # the ranks trained one model across the containers (gloo, rendezvous through the door)
+    weights = set(re.findall(r"\[rank \d\] rank \d/2 on cpu:0: loss [\d.]+, (w=[-\d.]+ b=[-\d.]+)", run.stdout))
+    assert len(weights) == 1, run.stdout[-3000:]
     units = [on(w, "systemctl", "is-enabled", "flodl-join.service").stdout.strip() for w in WORKERS]
     assert units == ["enabled", "enabled"]
 

@@ -14,10 +14,10 @@ from flodl_agent.agent import (
     next_backoff,
     parse_agent_spec,
     resolve_offer,
-    split_address,
 )
 from flodl_agent.config import DeviceOffer
 from flodl_agent.messages import HostEnvelope, WorldFormed
+from flodl_agent.net import split_address
 
 
 def test_backoff_doubles_from_5s_to_60s_and_resets_after_a_long_attempt() -> None:
@@ -90,14 +90,17 @@ def test_rank_env_uses_the_road_this_join_took_and_the_entry_point_override() ->
         command=["/opt/a/train", "--epochs", "3"],
         env={"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"},
     )
-    envs = attempt.rank_env(world, "127.0.0.1:40111")
+    envs = attempt.rank_env(world, "127.0.0.1:40111", 45000)
     assert [(e["RANK"], e["LOCAL_RANK"], e["CUDA_VISIBLE_DEVICES"]) for e in envs] == [
         ("3", "0", "0"),
         ("4", "1", "3"),
     ]
     first = envs[0]
     assert (first["WORLD_SIZE"], first["LOCAL_WORLD_SIZE"], first["GROUP_RANK"]) == ("5", "2", "1")
-    assert (first["MASTER_ADDR"], first["MASTER_PORT"]) == ("127.0.0.1", "40111")
+    # every rank is a client of the agent's loopback store; the road is the controller's
+    assert (first["MASTER_ADDR"], first["MASTER_PORT"]) == ("127.0.0.1", "45000")
+    assert first["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    assert first["FLODL_CONTROLLER"] == "127.0.0.1:40111"
     assert first["NCCL_DEBUG"] == "INFO" and first["OMP_NUM_THREADS"] == "4"  # host env beats cluster env
     assert first["FLODL_DATA_PATH"] == "/flodl/data"
     assert attempt.command(world) == ["/opt/b/train", "--epochs", "3"]
@@ -132,6 +135,52 @@ def test_ranks_get_no_credentials_or_internal_plumbing(monkeypatch: pytest.Monke
         controller="h:1",
         command=["x"],
     )
-    (env,) = attempt.rank_env(world, "[fd00::1]:7000")
+    (env,) = attempt.rank_env(world, "[fd00::1]:7000", 45000)
     assert "FDL_TOKEN" not in env and "FLODL_INTERNAL_AGENT_JSON" not in env
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("fd00::1", "7000")
+    assert env["FLODL_CONTROLLER"] == "[fd00::1]:7000"
+
+
+def test_socket_ifnames_give_nccl_its_syntax_and_gloo_a_concrete_interface() -> None:
+    from flodl_agent.net import socket_ifnames
+
+    ifs = ["docker0", "enp1s0", "enp2s0", "lo"]
+    assert socket_ifnames("", ifs) == {}
+    assert socket_ifnames("enp2s0", ifs) == {"NCCL_SOCKET_IFNAME": "enp2s0", "GLOO_SOCKET_IFNAME": "enp2s0"}
+    assert socket_ifnames("enp", ifs)["GLOO_SOCKET_IFNAME"] == "enp1s0"  # a prefix: the first match
+    assert socket_ifnames("=enp", ifs) == {"NCCL_SOCKET_IFNAME": "=enp"}  # exact, and no such interface
+    assert socket_ifnames("^docker,lo", ifs) == {
+        "NCCL_SOCKET_IFNAME": "^docker,lo",
+        "GLOO_SOCKET_IFNAME": "enp1s0",
+    }
+    assert socket_ifnames("eth0,enp2s0", ifs)["GLOO_SOCKET_IFNAME"] == "enp2s0"
+
+
+def test_ranks_get_gloo_and_nccl_interfaces_unless_the_env_names_them() -> None:
+    options = AgentOptions(host="a", socket_ifname="lo", env={"GLOO_SOCKET_IFNAME": "eth9"})
+    attempt = Attempt(options, Offer(["cpu:0"], ["cpu"], "cpu"), lambda _: None)
+    world = WorldFormed(
+        world_size=1,
+        host=HostEnvelope(host="a", first_rank=0, count=1),
+        group=0,
+        hosts=1,
+        controller="h:1",
+        command=["x"],
+    )
+    (env,) = attempt.rank_env(world, "h:1", 1)
+    assert env["NCCL_SOCKET_IFNAME"] == "lo" and env["GLOO_SOCKET_IFNAME"] == "eth9"
+
+
+def test_ranks_sharing_a_box_default_to_one_omp_thread_like_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    attempt = Attempt(AgentOptions(host="a"), Offer(["cpu:0", "cpu:1"], ["cpu"] * 2, "cpu"), lambda _: None)
+    world = WorldFormed(
+        world_size=2,
+        host=HostEnvelope(host="a", first_rank=0, count=2),
+        group=0,
+        hosts=1,
+        controller="h:1",
+        command=["x"],
+    )
+    assert [e["OMP_NUM_THREADS"] for e in attempt.rank_env(world, "h:1", 1)] == ["1", "1"]
+    mine = world.model_copy(update={"env": {"OMP_NUM_THREADS": "8"}})
+    assert attempt.rank_env(mine, "h:1", 1)[0]["OMP_NUM_THREADS"] == "8"

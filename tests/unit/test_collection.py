@@ -1,9 +1,11 @@
-"""The flodl.cluster collection's Python: GPU facts parsing and the cluster_workers filter."""
+"""The flodl.cluster collection's Python: GPU facts parsing and the filters."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -110,3 +112,15 @@ def test_cluster_workers_filter_reads_vars_then_facts() -> None:
     from flodl_agent.config import validate_data
 
     assert validate_data({"cluster": {"controller": {"host": "127.0.0.1"}, "workers": workers}}).cluster
+
+
+@pytest.mark.skipif(shutil.which("systemd-escape") is None, reason="needs systemd-escape")
+def test_mount_unit_names_match_systemd_escape() -> None:
+    flt = load("filter/mount_unit.py")
+    for path in ["/flodl/data", "/", "/mnt/my-data//set.v2/", "/srv/ü data", "/.hidden/x"]:
+        want = subprocess.run(
+            ["systemd-escape", "--path", "--suffix=mount", path], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert flt.mount_unit(path) == want, path
+    with pytest.raises(ValueError, match="absolute"):
+        flt.mount_unit("relative/path")

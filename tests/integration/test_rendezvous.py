@@ -1,0 +1,70 @@
+"""Rendezvous on the controller port: an unmodified torchrun-style script
+(`init_process_group("gloo")` with env://) forms one world across walk-ins,
+with rank 0's agent serving torch's TCPStore and every other host reaching it
+through its control link."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.controller import Controller
+
+from .test_control_plane import agent, run, settings, walk_in
+
+torch = pytest.importorskip("torch")
+
+# What a user writes for torchrun, unchanged: env:// rendezvous, a collective, a barrier.
+SCRIPT = """
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+dist.barrier()
+open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(f"{t.item():g} {dist.get_world_size()}")
+dist.destroy_process_group()
+"""
+
+
+def test_an_unmodified_gloo_script_forms_one_world_across_walk_ins(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, "-c", SCRIPT, str(out)]
+
+    async def scenario() -> None:
+        ctl = Controller(settings(command, quorum=3, target=3, env={"GLOO_SOCKET_IFNAME": "lo"}))
+        await ctl.start()
+        logs: list[str] = []
+        codes = await asyncio.gather(
+            walk_in(agent(ctl, "box-a", 2), logs), walk_in(agent(ctl, "box-b", 1), logs)
+        )
+        assert codes == [0, 0], logs
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        # the store host's own ranks dial it directly; the other host's went through the controller
+        assert ctl.streams is not None and ctl.streams.opened >= 1
+        assert ctl.dropped.get("stream", 0) == 0
+        await ctl.close()
+
+    run(scenario)
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"0": "6 3", "1": "6 3", "2": "6 3"}
+
+
+def test_a_stream_frame_before_the_world_formed_is_dropped_not_routed() -> None:
+    from flodl_agent import wire
+    from flodl_agent.messages import Stream
+
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=2, target=2))
+        await ctl.start()
+        ctl._route("nobody", wire.Frame(wire.Kind.STREAM, Stream(id=1, data=b"x").model_dump()))
+        assert ctl.dropped["stream"] == 1
+        await ctl.close()
+
+    run(scenario)
