@@ -581,6 +581,58 @@ def start(addr: str | None, token_opt: str | None) -> None:
     raise SystemExit(1)
 
 
+LEVEL_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold"}
+
+
+@cli.command()
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fdl.yml (a worker's join: block) or fdl.cluster.yml (a controller). "
+    "Default: whichever is in this directory; with neither, the box alone.",
+)
+@base_opt
+@click.option("--no-dial", is_flag=True, help="Do not try to reach the controller.")
+@json_opt
+def probe(config_file: Path | None, base: Path | None, no_dial: bool, as_json: bool) -> None:
+    """Check this box before it walks in (or runs a controller).
+
+    torch and its variant against this box's GPUs, NCCL, the socket interface,
+    the data root, the node-local cache, the controller (through the join's ssh
+    forward when it has one), the controller port, and stale config keys.
+    Exit 0 when nothing failed, 1 otherwise.
+    """
+    from .probe import Finding, as_json_payload, check, gather
+
+    if config_file is None:
+        config_file = next((p for p in (Path("fdl.yml"), Path("fdl.cluster.yml")) if p.is_file()), None)
+    join = cluster = None
+    findings: list[Finding] = []
+    if config_file is not None:
+        try:
+            loaded = load_config(config_file, base)
+        except ConfigError as exc:  # a finding like any other: the rest of the box is still probed
+            findings += [Finding("config", "fail", p.render()) for p in exc.problems]
+        else:
+            join, cluster = loaded.config.join, loaded.config.cluster
+            findings += [Finding("config", "warn", w.render()) for w in loaded.warnings]
+            findings.append(Finding("config", "ok", f"{' + '.join(loaded.files)} is valid"))
+    facts = gather(join, cluster, dial=not no_dial)
+    findings += check(facts, join, cluster)
+    failed = any(f.level == "fail" for f in findings)
+    if as_json:
+        _emit_json(as_json_payload(facts, findings))
+    else:
+        table = Table("", "check", "finding", box=None, show_header=False, pad_edge=False)
+        for f in findings:
+            text = f.message + (f"\n  fix: {f.fix}" if f.fix and f.level != "ok" else "")
+            table.add_row(f"[{LEVEL_STYLE[f.level]}]{f.level}[/]", f.check, escape(text))
+        out.print(table)
+        out.print("[red]not ready[/]" if failed else "[green]ready[/]")
+    raise SystemExit(1 if failed else 0)
+
+
 def _internal_error(exc: BaseException) -> NoReturn:
     if os.environ.get("FDL_DEBUG"):
         raise exc

@@ -178,7 +178,7 @@ def test_door_a_mounts_the_data_root_read_only_and_it_comes_back(lab: dict[str, 
     # the controller restarts: sshfs reconnects on the next read
     assert on(CONTROLLER, "systemctl", "restart", "flodl-door.service").returncode == 0
     assert on(WORKERS[0], "cat", "/flodl/data/sample.txt").stdout == "sample\n"
-    # its sshfs dies: the next dial (the join unit's start) remounts it
+    # its sshfs dies: the join unit's next start remounts it
     on(WORKERS[1], "pkill", "-9", "-f", "^/sbin/mount.fuse.sshfs")
     assert "not connected" in on(WORKERS[1], "cat", "/flodl/data/sample.txt").stderr
     assert on(WORKERS[1], "systemctl", "restart", "flodl-join.service").returncode == 0
@@ -191,6 +191,25 @@ def test_door_a_mounts_the_data_root_read_only_and_it_comes_back(lab: dict[str, 
     assert on(WORKERS[0], "cat", "/flodl/data/sample.txt").stdout == "sample\n"
 
 
+def test_probe_yml_finds_every_box_ready_then_names_a_dead_data_mount(lab: dict[str, str]) -> None:
+    ready = play(lab, "playbooks/probe.yml")
+    assert ready.returncode == 0, ready.stdout[-4000:]
+    assert {h: c["failed"] for h, c in recap(ready.stdout).items()} == dict.fromkeys(
+        [CONTROLLER, *WORKERS], 0
+    )
+    on(WORKERS[1], "pkill", "-9", "-f", "^/sbin/mount.fuse.sshfs")
+    try:
+        broken = play(lab, "playbooks/probe.yml")
+        assert broken.returncode != 0
+        assert (
+            recap(broken.stdout)[WORKERS[1]]["failed"] == 1
+            and recap(broken.stdout)[WORKERS[0]]["failed"] == 0
+        )
+        assert f"{WORKERS[1]} is not ready: the data mount at /flodl/data is not connected" in broken.stdout
+    finally:
+        assert on(WORKERS[1], "systemctl", "restart", "flodl-join.service").returncode == 0
+
+
 def test_a_run_walks_both_workers_in_through_the_door(lab: dict[str, str]) -> None:
     run = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
     assert run.returncode == 0, run.stdout[-4000:]
@@ -198,7 +217,9 @@ def test_a_run_walks_both_workers_in_through_the_door(lab: dict[str, str]) -> No
     for worker in WORKERS:
         assert f"admitted {worker}" in run.stdout
     # the ranks trained one model across the containers (gloo, rendezvous through the door)
-    weights = set(re.findall(r"\[rank \d\] rank \d/2 on cpu:0: loss [\d.]+, (w=[-\d.]+ b=[-\d.]+)", run.stdout))
+    weights = set(
+        re.findall(r"\[rank \d\] rank \d/2 on cpu:0: loss [\d.]+, (w=[-\d.]+ b=[-\d.]+)", run.stdout)
+    )
     assert len(weights) == 1, run.stdout[-3000:]
     units = [on(w, "systemctl", "is-enabled", "flodl-join.service").stdout.strip() for w in WORKERS]
     assert units == ["enabled", "enabled"]

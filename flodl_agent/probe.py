@@ -1,0 +1,435 @@
+"""`fdl probe`: is this box ready to walk in (or to run a controller)?
+
+Facts are gathered once by :func:`gather` (the only IO: torch, the GPU
+tools, /sys/class/net, the data root, the cache, the controller port);
+:func:`check` turns them into findings, each ``ok``, ``warn`` or ``fail``
+with the fix. Seed 003's list: a missing torch variant or one with no kernel
+for this box's GPUs, NCCL availability, ``nccl_socket_ifname``, legacy schema
+keys, the data path, and the port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .config.models import Cluster, Join
+from .net import join_address, socket_ifnames, split_address
+from .status import Unreachable, request
+
+Level = Literal["ok", "warn", "fail"]
+LOW_DISK = 2 * 1024**3  # bytes free below which the cache is called nearly full
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    level: Level
+    message: str
+    fix: str = ""
+
+
+@dataclass
+class Torch:
+    version: str = ""
+    error: str = ""  # why it does not import
+    cuda: str = ""  # the CUDA it was built for ("" for CPU and ROCm builds)
+    hip: str = ""
+    usable_gpus: int = 0
+    nccl: str = ""
+    gloo: bool = False
+
+
+@dataclass
+class Facts:
+    torch: Torch
+    gpus: dict[str, list[str]] = field(default_factory=dict)  # vendor -> names, from nvidia-smi / rocm-smi
+    interfaces: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)  # path, exists, readable, error
+    cache: dict[str, Any] = field(default_factory=dict)  # path, writable, free, fstype
+    controller: dict[str, Any] = field(default_factory=dict)  # addr, phase or error
+    port: dict[str, Any] = field(default_factory=dict)  # controller side: port, free, answered
+
+
+# --- the pure part --------------------------------------------------------------
+
+
+def check(facts: Facts, join: Join | None = None, cluster: Cluster | None = None) -> list[Finding]:
+    found = [*_torch(facts), *_gpus(facts, join)]
+    if join is not None:
+        found += _ifname(join.nccl_socket_ifname or "", facts.interfaces, "join.nccl_socket_ifname")
+        found += _data(facts)
+        found += _cache(facts)
+        found += _controller(facts)
+    if cluster is not None:
+        found += _cluster(cluster, facts)
+    return found
+
+
+def _torch(facts: Facts) -> list[Finding]:
+    t = facts.torch
+    if not t.version:
+        return [
+            Finding(
+                "torch",
+                "fail",
+                f"torch does not import here ({t.error})",
+                "run fdl from the worker's torch venv (<path>/libtorch/<variant>), or install one: "
+                "flodl_worker_libtorch: auto",
+            )
+        ]
+    build = f"CUDA {t.cuda}" if t.cuda else f"ROCm {t.hip}" if t.hip else "CPU"
+    found = [Finding("torch", "ok", f"torch {t.version} ({build} build), gloo {'yes' if t.gloo else 'no'}")]
+    if t.cuda or t.hip:
+        if t.nccl:
+            found.append(Finding("nccl", "ok", f"{'RCCL' if t.hip else 'NCCL'} {t.nccl}"))
+        else:
+            found.append(Finding("nccl", "warn", "this torch build has no NCCL: GPU runs need the cpu plane"))
+    return found
+
+
+def _gpus(facts: Facts, join: Join | None) -> list[Finding]:
+    t, nvidia, amd = facts.torch, facts.gpus.get("nvidia", []), facts.gpus.get("amd", [])
+    found: list[Finding] = []
+    if nvidia or amd:
+        names = ", ".join(nvidia + amd)
+        found.append(Finding("gpus", "ok", f"{len(nvidia) + len(amd)} GPU(s): {names}"))
+    if t.version:
+        variant_fix = (
+            "set libtorch: auto (flodl_worker_libtorch: auto) so the variant follows this box's devices"
+        )
+        if nvidia and not t.cuda:
+            found.append(
+                Finding(
+                    "variant",
+                    "fail",
+                    f"torch {t.version} has no CUDA kernels, but this box has {len(nvidia)} NVIDIA GPU(s)",
+                    variant_fix + ", or offer CPU ranks with --devices cpu:N",
+                )
+            )
+        elif amd and not t.hip:
+            found.append(
+                Finding(
+                    "variant",
+                    "fail",
+                    f"torch {t.version} has no ROCm kernels, but this box has {len(amd)} AMD GPU(s)",
+                    variant_fix + ", or offer CPU ranks with --devices cpu:N",
+                )
+            )
+        elif (nvidia or amd) and t.usable_gpus == 0:
+            found.append(
+                Finding(
+                    "variant",
+                    "fail",
+                    "torch sees no usable GPU although the driver lists some",
+                    "check the driver version against the torch build, and device permissions "
+                    "(the service user may need the video/render groups)",
+                )
+            )
+        elif (t.cuda or t.hip) and not (nvidia or amd):
+            found.append(Finding("variant", "warn", "a GPU torch on a box with no GPU: CPU ranks only"))
+    offer = join.devices if join is not None else None
+    if offer is not None and offer.kind == "gpus":
+        have = t.usable_gpus
+        missing = [i for i in offer.gpus if i >= have]
+        if missing:
+            found.append(
+                Finding(
+                    "devices",
+                    "fail",
+                    f"join.devices names GPU {missing[0]}, but {have} are usable here",
+                    f"offer devices 0..{have - 1}" if have else "offer CPU ranks (devices: cpu:N)",
+                )
+            )
+    return found
+
+
+def _ifname(value: str, interfaces: list[str], where: str) -> list[Finding]:
+    if not value:
+        return [
+            Finding(
+                "ifname",
+                "warn",
+                f"{where} is not set: NCCL and gloo pick an interface themselves",
+                "on a multi-homed box name the training network's interface (e.g. eth0)",
+            )
+        ]
+    env = socket_ifnames(value, interfaces)
+    if "GLOO_SOCKET_IFNAME" not in env and not value.startswith("^"):
+        return [
+            Finding(
+                "ifname",
+                "fail",
+                f"{where}: {value} matches no interface here ({', '.join(interfaces) or 'none'})",
+                f"set {where} to one of this box's interfaces",
+            )
+        ]
+    gloo = env.get("GLOO_SOCKET_IFNAME", "(gloo picks)")
+    return [Finding("ifname", "ok", f"NCCL_SOCKET_IFNAME={value}, GLOO_SOCKET_IFNAME={gloo}")]
+
+
+def _data(facts: Facts) -> list[Finding]:
+    d = facts.data
+    if not d.get("path"):
+        return []
+    path = d["path"]
+    if d.get("error") == "not connected":
+        return [
+            Finding(
+                "data",
+                "fail",
+                f"the data mount at {path} is not connected (its sshfs died)",
+                "restart the mount (flodl-join.service does before each dial), or remount it by hand",
+            )
+        ]
+    if not d.get("exists"):
+        return [
+            Finding(
+                "data",
+                "fail",
+                f"data_path {path} does not exist on this box",
+                "mount the data root there (flodl_worker_data_mount), or fix join.data_path",
+            )
+        ]
+    if not d.get("readable"):
+        return [
+            Finding(
+                "data",
+                "fail",
+                f"data_path {path} is not readable by {d.get('user', 'this user')} ({d.get('error', '')})",
+                "a door A mount needs allow_other; a local root needs read permission for the service user",
+            )
+        ]
+    return [Finding("data", "ok", f"data_path {path} readable ({d.get('entries', 0)} entries)")]
+
+
+def _cache(facts: Facts) -> list[Finding]:
+    c = facts.cache
+    if not c:
+        return []
+    if not c.get("writable"):
+        return [
+            Finding(
+                "cache",
+                "fail",
+                f"the node-local cache {c['path']} is not writable ({c.get('error', '')})",
+                "give the service user its home (or set HOME) so ~/.flodl can be written",
+            )
+        ]
+    found = [Finding("cache", "ok", f"cache {c['path']} writable, {c['free'] / 1024**3:.1f} GiB free")]
+    if c.get("fstype") == "tmpfs":
+        found.append(Finding("cache", "warn", f"{c['path']} is on tmpfs: the cache is lost at every reboot"))
+    if c.get("free", LOW_DISK) < LOW_DISK:
+        found.append(Finding("cache", "warn", f"{c['path']} is nearly full ({c['free'] / 1024**3:.1f} GiB)"))
+    return found
+
+
+def _controller(facts: Facts) -> list[Finding]:
+    c = facts.controller
+    if not c:
+        return []
+    if "phase" in c:
+        return [Finding("controller", "ok", f"controller at {c['addr']} answers: window {c['phase']}")]
+    error = str(c.get("error", ""))
+    return [
+        Finding(
+            "controller",
+            "warn",
+            error if error.startswith("no controller answers") else f"{c['addr']}: {error}",
+            "normal between runs; join units keep dialling. Otherwise check the address and the door",
+        )
+    ]
+
+
+def _cluster(cluster: Cluster, facts: Facts) -> list[Finding]:
+    found: list[Finding] = []
+    for i, worker in enumerate(cluster.workers):
+        if len(cluster.workers) > 1 and not worker.nccl_socket_ifname:
+            found.append(
+                Finding(
+                    "ifname",
+                    "warn",
+                    f"cluster.workers[{i}] ({worker.host}) has no nccl_socket_ifname on a multi-host cluster",
+                    "name each worker's training interface, or NCCL may pick a management or docker bridge",
+                )
+            )
+    p = facts.port
+    if p:
+        if p.get("answered"):
+            answer = f"a controller already answers on port {p['port']} ({p['phase']})"
+            found.append(Finding("port", "ok", answer))
+        elif not p.get("free"):
+            found.append(
+                Finding(
+                    "port",
+                    "fail",
+                    f"port {p['port']} is taken by something that is not a flodl controller",
+                    "stop it, or pick another cluster.controller.port",
+                )
+            )
+        else:
+            found.append(Finding("port", "ok", f"port {p['port']} is free for the controller"))
+    return found
+
+
+# --- the IO shell ---------------------------------------------------------------
+
+
+def gather(join: Join | None, cluster: Cluster | None, dial: bool = True) -> Facts:
+    facts = Facts(torch=_torch_facts(), gpus=_gpu_tools(), interfaces=_interfaces())
+    if join is not None:
+        if join.data_path:
+            facts.data = _data_facts(join.data_path)
+        facts.cache = _cache_facts(Path.home() / ".flodl" / "data")
+        if dial and join.ssh is not None:
+            facts.controller = asyncio.run(_dial_through(join))
+        elif dial and join.controller:
+            facts.controller = _dial(join.controller)
+    if cluster is not None:
+        facts.port = _port_facts(cluster.controller.host, cluster.controller.port)
+    return facts
+
+
+def _torch_facts() -> Torch:
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as exc:  # an ImportError, or a broken install's OSError
+        return Torch(error=f"{type(exc).__name__}: {exc}")
+    t = Torch(
+        version=str(torch.__version__),
+        cuda=torch.version.cuda or "",
+        hip=getattr(torch.version, "hip", None) or "",
+        gloo=bool(dist.is_available() and dist.is_gloo_available()),
+    )
+    with contextlib.suppress(Exception):
+        t.usable_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if t.cuda or t.hip:
+        with contextlib.suppress(Exception):
+            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+            t.nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return t
+
+
+def _gpu_tools() -> dict[str, list[str]]:
+    gpus: dict[str, list[str]] = {}
+    for vendor, argv in (
+        ("nvidia", ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]),
+        ("amd", ["rocm-smi", "--showproductname", "--csv"]),
+    ):
+        if shutil.which(argv[0]) is None:
+            continue
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+            lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+            if vendor == "amd":
+                lines = [line.split(",")[-1] for line in lines if line.startswith("card")]
+            if out.returncode == 0 and lines:
+                gpus[vendor] = lines
+    return gpus
+
+
+def _interfaces() -> list[str]:
+    try:
+        return sorted(p.name for p in Path("/sys/class/net").iterdir())
+    except OSError:
+        return []
+
+
+def _data_facts(path: str) -> dict[str, Any]:
+    facts: dict[str, Any] = {"path": path, "user": _user()}
+    try:
+        entries = list(Path(path).iterdir())
+    except OSError as exc:
+        facts["exists"] = exc.errno != errno.ENOENT
+        facts["readable"] = False
+        facts["error"] = "not connected" if exc.errno == errno.ENOTCONN else exc.strerror
+        return facts
+    facts.update(exists=True, readable=True, entries=len(entries))
+    return facts
+
+
+def _cache_facts(path: Path) -> dict[str, Any]:
+    facts: dict[str, Any] = {"path": str(path)}
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        facts.update(writable=False, error=exc.strerror)
+        return facts
+    facts.update(writable=True, free=shutil.disk_usage(path).free, fstype=_fstype(path))
+    return facts
+
+
+def _fstype(path: Path) -> str:
+    """The filesystem type of the mount holding ``path`` (longest mount point prefix)."""
+    best, kind = "", ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) > 2 and str(path.resolve()).startswith(parts[1]) and len(parts[1]) > len(best):
+                best, kind = parts[1], parts[2]
+    return kind
+
+
+def _dial(addr: str) -> dict[str, Any]:
+    try:
+        reply = request(addr, "GET", "/state.json", timeout=3)
+    except Unreachable as exc:
+        return {"addr": addr, "error": str(exc)}
+    return {"addr": addr, "phase": reply.body.get("phase", "?")}
+
+
+async def _dial_through(join: Join) -> dict[str, Any]:
+    """The controller through the join's own ssh forward: the road a walk-in takes."""
+    from .agent import AgentFailure, Tunnel
+
+    assert join.ssh is not None
+    host, port = split_address(join.controller or "127.0.0.1:1337")
+    road = f"{join_address(host, port)} via ssh {join.ssh.target}"
+    try:
+        async with Tunnel(join.ssh, host, port) as tunnel:
+            facts = await asyncio.to_thread(_dial, f"127.0.0.1:{tunnel.local_port}")
+    except AgentFailure as exc:
+        return {"addr": road, "error": exc.render()}
+    return facts | {"addr": road}
+
+
+def _port_facts(host: str, port: int) -> dict[str, Any]:
+    addr = f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    with contextlib.suppress(Unreachable):
+        reply = request(addr, "GET", "/state.json", timeout=2)
+        return {"port": port, "free": False, "answered": True, "phase": reply.body.get("phase", "?")}
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return {"port": port, "free": False, "answered": False}
+    return {"port": port, "free": True, "answered": False}
+
+
+def _user() -> str:
+    with contextlib.suppress(Exception):
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    return str(os.getuid())
+
+
+def as_json_payload(facts: Facts, findings: list[Finding]) -> dict[str, Any]:
+    return {
+        "ok": not any(f.level == "fail" for f in findings),
+        "findings": [asdict(f) for f in findings],
+        "facts": asdict(facts),
+    }
