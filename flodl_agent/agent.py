@@ -26,10 +26,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import wire
+from .averaging import DATA_MAX, AverageRelay
+from .averaging import ENV_KEY as AVERAGE_KEY
+from .averaging import ENV_PORT as AVERAGE_PORT
 from .config.devices import DeviceOffer
 from .config.models import Ssh
 from .errors import Failure
-from .messages import Abort, Accept, BadMessage, Challenge, Hello, Reject, Stream, WorldFormed
+from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Reject, Stream, WorldFormed
 from .messages import parse as parse_message
 from .net import join_address, keepalive, socket_ifnames, ssh_argv
 from .rendezvous import StreamRelay, serve_store
@@ -316,6 +319,7 @@ class Attempt:
             raise AgentFailure("the controller answered the hello with something other than Accept")
         key = reply.salt if reply.salt is not None else (own or wire.OPEN_KEY)
         codec.rekey(wire.connection_key(key, challenge.nonce, client_nonce))
+        codec.max_payload = DATA_MAX  # the admitted link carries the CPU plane's rounds
         first_rank, count = reply.ranks
         self.log(
             f"admitted as {self.options.host}: ranks [{first_rank}..{first_rank + count}) (provisional); "
@@ -333,7 +337,9 @@ class Attempt:
             self.on_wait(False)
         return await self._train(message, road, reader, writer, codec)
 
-    def rank_env(self, world: WorldFormed, road: str, store_port: int) -> list[dict[str, str]]:
+    def rank_env(
+        self, world: WorldFormed, road: str, store_port: int, plane: dict[str, str] | None = None
+    ) -> list[dict[str, str]]:
         """Per-rank environments: torchrun's variables plus what only this box knows.
 
         ``road`` is the controller address this join used (the controller's own idea
@@ -368,6 +374,7 @@ class Attempt:
                 TORCHELASTIC_RESTART_COUNT="0",
                 TORCHELASTIC_RUN_ID=world.run or "flodl",
                 FLODL_CONTROLLER=road,
+                **(plane or {}),
                 FLODL_DEVICE=device,
                 FLODL_RUN=world.run,
             )
@@ -407,8 +414,13 @@ class Attempt:
             f"[{mine.first_rank}..{mine.first_rank + mine.count})"
         )
         relay, store, store_port = await self._rendezvous(world, writer, codec)
+        averager = AverageRelay(
+            list(range(mine.first_rank, mine.first_rank + mine.count)),
+            lambda body: writer.write(codec.encode(wire.Kind.AVERAGE, body)),
+        )
+        plane = {AVERAGE_PORT: str(await averager.listen()), AVERAGE_KEY: averager.key.hex()}
         ranks = []
-        for local, env in enumerate(self.rank_env(world, road, store_port)):
+        for local, env in enumerate(self.rank_env(world, road, store_port, plane)):
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *command,
@@ -424,8 +436,10 @@ class Attempt:
                     PERMANENT,
                 ) from None
             self.children.append(proc)
-            ranks.append(asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, codec)))
-        abort = asyncio.ensure_future(self._watch_link(reader, codec, relay))
+            ranks.append(
+                asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, codec, averager))
+            )
+        abort = asyncio.ensure_future(self._watch_link(reader, codec, relay, averager))
         try:
             pending: set[asyncio.Future[Any]] = {abort, *ranks}
             while abort in pending and len(pending) > 1:
@@ -445,6 +459,7 @@ class Attempt:
         finally:
             abort.cancel()
             await relay.close()
+            await averager.close()
             del store
         # Half-close and wait for the controller to close in turn: only then are the
         # exit reports known to have crossed every hop (a tunnel torn down early loses them).
@@ -456,13 +471,19 @@ class Attempt:
         return CLEAN if all(c == 0 for c in codes) else TRANSIENT
 
     async def _rank(
-        self, proc: asyncio.subprocess.Process, rank: int, writer: asyncio.StreamWriter, codec: wire.Codec
+        self,
+        proc: asyncio.subprocess.Process,
+        rank: int,
+        writer: asyncio.StreamWriter,
+        codec: wire.Codec,
+        averager: AverageRelay,
     ) -> int:
         assert proc.stdout is not None
         async for line in output_lines(proc.stdout):
             sys.stdout.write(f"[rank {rank}] {line}\n")
             sys.stdout.flush()
         code = await proc.wait()
+        averager.rank_exited(rank)
         writer.write(codec.encode(wire.Kind.RANK_EXITED, {"rank": rank, "code": code}))
         return code
 
@@ -486,7 +507,9 @@ class Attempt:
             return relay, None, await relay.listen()
         return StreamRelay(send, store_port=port), store, port
 
-    async def _watch_link(self, reader: asyncio.StreamReader, codec: wire.Codec, relay: StreamRelay) -> str:
+    async def _watch_link(
+        self, reader: asyncio.StreamReader, codec: wire.Codec, relay: StreamRelay, averager: AverageRelay
+    ) -> str:
         while True:
             try:
                 message = parse_message(await self._frame(reader, codec, None))
@@ -496,6 +519,8 @@ class Attempt:
                 return f"the controller link broke ({exc})"
             if isinstance(message, Stream):
                 relay.feed(message.id, message.data, message.end)
+            elif isinstance(message, Averaged):
+                averager.deliver(message.model_dump())
             elif isinstance(message, Abort):
                 return f"the controller aborted the run: {message.reason}"
 

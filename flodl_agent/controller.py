@@ -24,8 +24,11 @@ import h11
 
 from . import wire
 from .admission import Cohort, DialGuard, Refusal, check
+from .averaging import DATA_MAX
+from .hub import Averaged, Hub, Mismatch
 from .messages import (
     Accept,
+    Average,
     BadMessage,
     Challenge,
     Hello,
@@ -115,6 +118,7 @@ class Controller:
         self.formed: list[dict[str, Any]] = []
         self.exits: dict[str, dict[int, int]] = {}
         self.streams: StreamRouter | None = None  # rendezvous routes, once the world formed
+        self.hub: Hub | None = None  # the CPU plane's averaging, once the world formed
         self.port = settings.port
         self._timer: asyncio.TimerHandle | None = None
         self._server: asyncio.Server | None = None
@@ -208,6 +212,7 @@ class Controller:
                 self.links[r.host].ranks = r.ranks
         if ranges:
             self.streams = StreamRouter(ranges[0].host)  # rank 0's host serves the store
+            self.hub = Hub({r.host for r in ranges})
         self.formed = [
             json.loads(self._host_json(self.links[r.host], r.start)) for r in ranges if r.host in self.links
         ]
@@ -369,7 +374,7 @@ class Controller:
         # Rekey before anything else is written: whatever follows (a WorldFormed
         # this very join may trigger) speaks this connection's key.
         codec.rekey(wire.connection_key(self.key, nonce, hello.client_nonce))
-        codec.max_payload = wire.CONTROL_MAX
+        codec.max_payload = DATA_MAX  # an admitted host's link carries the CPU plane's rounds
         self.admitted += 1
         self.log(
             f"admitted {hello.host} ({peer}): ranks [{first}..{first + count}) on {', '.join(hello.devices)}"
@@ -405,6 +410,9 @@ class Controller:
                 if frame.kind is wire.Kind.STREAM:
                     self._route(host, frame)
                     continue
+                if frame.kind is wire.Kind.AVERAGE:
+                    self._average(host, frame)
+                    continue
                 if frame.kind is wire.Kind.RANK_EXITED:
                     exited = parse_message(frame)
                     assert isinstance(exited, RankExited)
@@ -413,6 +421,8 @@ class Controller:
                         continue
                     link.exited[exited.rank] = exited.code
                     self.exits.setdefault(host, {})[exited.rank] = exited.code
+                    if len(link.exited) == len(link.hello.devices) and self.hub is not None:
+                        self._averaged(self.hub.leave(host))  # its rounds no longer wait for it
                     self.log(f"rank {exited.rank} on {host} exited with code {exited.code}")
                     if exited.code != 0 and self.window.phase == "training":
                         self._apply(
@@ -450,6 +460,32 @@ class Controller:
             return
         link.send(wire.Kind.STREAM, {"id": sid, "data": stream.data, "end": stream.end})
 
+    def _average(self, host: str, frame: wire.Frame) -> None:
+        """A host's folded round for the CPU plane; the average goes back once the round is complete."""
+        pushed = parse_message(frame)
+        assert isinstance(pushed, Average)
+        if self.window.phase != "training" or self.hub is None:
+            self.dropped["average"] += 1
+            return
+        if pushed.error:
+            self._apply(self.window.fail(f"{host}: {pushed.error}", self.clock()))
+            return
+        try:
+            done = self.hub.push(host, pushed.round, pushed.weight, pushed.data)
+        except Mismatch as exc:
+            self._apply(self.window.fail(str(exc), self.clock()))
+            return
+        if done is not None:
+            self._averaged([done])
+
+    def _averaged(self, rounds: list[Averaged]) -> None:
+        for done in rounds:
+            body = {"round": done.round, "weight": done.weight, "data": done.data}
+            for host in done.hosts:
+                link = self.links.get(host)
+                if link is not None:
+                    link.send(wire.Kind.AVERAGED, body)
+
     def _register(self, link: Link, first: int) -> None:
         self.links[link.hello.host] = link
         self.cohort.add(link.hello)
@@ -458,6 +494,8 @@ class Controller:
 
     def _unregister(self, link: Link) -> None:
         del self.links[link.hello.host]
+        if self.hub is not None:
+            self._averaged(self.hub.leave(link.hello.host))
         if self.streams is not None and link.hello.host != self.streams.store_host:
             store = self.links.get(self.streams.store_host)
             for gid in self.streams.drop_host(link.hello.host):  # its ranks' store connections end
@@ -517,6 +555,7 @@ class Controller:
             "admitted": self.admitted,
             "refused": dict(self.refused),
             "dropped": dict(self.dropped),
+            "averaging": {"rounds": self.hub.rounds_done, "bytes": self.hub.bytes_in} if self.hub else None,
         }
 
     def state_json(self) -> bytes:

@@ -106,6 +106,22 @@ class Abort(_Msg):
     reason: str
 
 
+class Average(_Msg):
+    """A host's folded round (sum of its ranks' weight * params, float32) or its relay's error."""
+
+    round: int = Field(ge=0, lt=2**62)
+    weight: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    data: bytes = b""
+    error: Short = ""
+
+
+class Averaged(_Msg):
+    round: int = Field(ge=0, lt=2**62)
+    weight: float = 0.0
+    data: bytes = b""
+    error: str = ""
+
+
 class Stream(_Msg):
     """Bytes of one rendezvous stream (a rank's connection to the store); ``end`` closes it."""
 
@@ -123,6 +139,8 @@ _BODIES: dict[Kind, type[_Msg]] = {
     Kind.RANK_EXITED: RankExited,
     Kind.ABORT: Abort,
     Kind.STREAM: Stream,
+    Kind.AVERAGE: Average,
+    Kind.AVERAGED: Averaged,
 }
 
 

@@ -84,6 +84,8 @@ class Kind(IntEnum):
     REQUEST = 10
     REPLY = 11
     STREAM = 12  # a rendezvous stream's bytes, carried on a control link
+    AVERAGE = 13  # the CPU plane: a host's folded parameters for a round
+    AVERAGED = 14  # the CPU plane: the round's average
 
 
 class Dropped(Exception):

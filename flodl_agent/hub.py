@@ -1,0 +1,89 @@
+"""The CPU plane's hub: weighted parameter averaging through the controller.
+
+Each host's relay sends, per round, one frame: the sum of its ranks'
+pre-scaled parameters (``weight_i * params_i``, raw float32 bytes) and the sum
+of their weights. The hub adds the frames of a round as they come, and once
+every host still training has sent it, divides once by the accepted weight
+and hands the average back. Memory is one model per open round, whatever the
+world size. Needs only worker -> controller reachability, so it works through
+ssh tunnels and across GPU vendors.
+
+Pure: no sockets. The controller feeds it pushes and departures and sends
+what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class Mismatch(Exception):
+    """A host's parameters do not line up with the round's (a different model)."""
+
+
+@dataclass
+class _Round:
+    total: np.ndarray
+    weight: float
+    hosts: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Averaged:
+    """A finished round: what to send back, and to whom."""
+
+    round: int
+    data: bytes
+    hosts: frozenset[str]
+    weight: float
+
+
+class Hub:
+    def __init__(self, hosts: set[str]) -> None:
+        self.training = set(hosts)  # hosts expected in every round
+        self._rounds: dict[int, _Round] = {}
+        self._size: int | None = None  # parameters per round, fixed by the first push
+        self.rounds_done = 0
+        self.bytes_in = 0
+
+    def push(self, host: str, round_no: int, weight: float, data: bytes) -> Averaged | None:
+        """One host's folded contribution to a round; the round's average once it is complete."""
+        if len(data) % 4:
+            raise Mismatch(f"{host} sent {len(data)} bytes for round {round_no}: not float32 parameters")
+        size = len(data) // 4
+        if self._size is None:
+            self._size = size
+        elif size != self._size:
+            raise Mismatch(
+                f"parameter count mismatch: {host} averages {size} parameters, the world {self._size}"
+            )
+        if not weight >= 0.0:  # also refuses NaN
+            raise Mismatch(f"{host} sent weight {weight} for round {round_no}")
+        state = self._rounds.get(round_no)
+        if state is None:
+            state = self._rounds[round_no] = _Round(np.zeros(size, dtype=np.float32), 0.0)
+        if host in state.hosts:
+            raise Mismatch(f"{host} sent round {round_no} twice")
+        state.hosts.add(host)
+        if weight > 0:  # a host whose ranks took no step contributes nothing
+            state.total += np.frombuffer(data, dtype=np.float32)
+            state.weight += weight
+        self.bytes_in += len(data)
+        return self._finish(round_no)
+
+    def leave(self, host: str) -> list[Averaged]:
+        """A host stopped training (its ranks exited or it died): rounds waiting only on it finish."""
+        self.training.discard(host)
+        return [done for r in sorted(self._rounds) if (done := self._finish(r)) is not None]
+
+    def _finish(self, round_no: int) -> Averaged | None:
+        state = self._rounds[round_no]
+        if not self.training <= state.hosts:
+            return None
+        del self._rounds[round_no]
+        self.rounds_done += 1
+        if state.weight > 0:
+            state.total /= np.float32(state.weight)
+        return Averaged(round_no, state.total.tobytes(), frozenset(state.hosts), state.weight)

@@ -1,0 +1,84 @@
+"""The CPU plane end to end: ranks on two walk-in hosts average their parameters
+through the controller (raw float32 frames, folded per host, divided once)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.controller import Controller
+
+from .test_control_plane import agent, run, settings, walk_in
+
+pytest.importorskip("torch")
+
+SCRIPT = """
+import json, os, sys
+import torch
+from flodl_agent.averaging import Averager
+
+rank = int(os.environ["RANK"])
+avg = Averager()
+params = [torch.full((3,), float(rank + 1)), torch.full((2, 2), 10.0 * (rank + 1))]
+total = avg.average(params, float(rank + 1))  # weights 1, 2, 3: work-weighted
+second = [torch.full((3,), float(rank)), torch.zeros(2, 2)]
+total2 = avg.average(second, 0.0 if rank == 0 else 1.0)  # rank 0 took no step: excluded
+out = [params[0].tolist(), params[1].tolist(), total, second[0].tolist(), total2]
+open(os.path.join(sys.argv[1], str(rank)), "w").write(json.dumps(out))
+"""
+
+MISMATCH = """
+import os, torch
+from flodl_agent.averaging import Averager
+
+rank = int(os.environ["RANK"])
+Averager().average([torch.zeros(4 if rank == 1 else 3)], 1.0)
+"""
+
+
+def test_weighted_averaging_across_hosts_through_the_controller(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+
+    async def scenario() -> None:
+        ctl = Controller(settings([sys.executable, "-c", SCRIPT, str(out)], quorum=3, target=3))
+        await ctl.start()
+        logs: list[str] = []
+        codes = await asyncio.gather(
+            walk_in(agent(ctl, "box-a", 2), logs), walk_in(agent(ctl, "box-b", 1), logs)
+        )
+        assert codes == [0, 0], logs
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        assert ctl.hub is not None and ctl.hub.rounds_done == 2
+        assert ctl.state()["averaging"]["rounds"] == 2
+        await ctl.close()
+
+    run(scenario)
+    results = {int(p.name): json.loads(p.read_text()) for p in out.iterdir()}
+    assert sorted(results) == [0, 1, 2]
+    mean = (1 * 1 + 2 * 2 + 3 * 3) / 6
+    for first, block, total, second, total2 in results.values():
+        assert first == pytest.approx([mean] * 3)
+        assert [v for row in block for v in row] == pytest.approx([10 * mean] * 4)
+        assert total == 6.0
+        assert second == pytest.approx([1.5] * 3) and total2 == 2.0  # (1 + 2) / 2, rank 0 excluded
+
+
+def test_a_parameter_count_mismatch_fails_the_run_naming_the_ranks(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings([sys.executable, "-c", MISMATCH], quorum=2, target=2))
+        await ctl.start()
+        logs: list[str] = []
+        await walk_in(agent(ctl, "box-a", 2), logs)
+        await ctl.finished.wait()
+        assert ctl.exit_code == 1
+        assert "parameter count mismatch: rank 0 averages 3 parameters, rank 1 4" in ctl.reason
+        assert "box-a" in ctl.reason
+        await ctl.close()
+
+    run(scenario)
