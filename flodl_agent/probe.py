@@ -63,7 +63,8 @@ class Facts:
 
 
 def check(facts: Facts, join: Join | None = None, cluster: Cluster | None = None) -> list[Finding]:
-    found = [*_torch(facts), *_gpus(facts, join)]
+    controller_only = join is None and cluster is not None
+    found = [*_torch(facts, controller_only), *_gpus(facts, join)]
     if join is not None:
         found += _ifname(join.nccl_socket_ifname or "", facts.interfaces, "join.nccl_socket_ifname")
         found += _data(facts)
@@ -74,8 +75,10 @@ def check(facts: Facts, join: Join | None = None, cluster: Cluster | None = None
     return found
 
 
-def _torch(facts: Facts) -> list[Finding]:
+def _torch(facts: Facts, controller_only: bool = False) -> list[Finding]:
     t = facts.torch
+    if not t.version and controller_only:
+        return [Finding("torch", "ok", "no torch here: a controller needs none (ranks run on the workers)")]
     if not t.version:
         return [
             Finding(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flodl_agent.config import DeviceOffer
-from flodl_agent.config.models import Join
+from flodl_agent.config.models import Cluster, Join
 from flodl_agent.probe import Facts, Finding, Torch, check
 
 CPU_TORCH = Torch(version="2.13.0+cpu", gloo=True)
@@ -30,9 +30,14 @@ def test_a_cuda_torch_on_an_amd_box_and_a_gpu_build_on_a_cpu_box() -> None:
     assert levels(good, "variant") == [] and levels(good, "nccl") == ["ok"]
 
 
-def test_no_torch_at_all_is_a_failure_with_the_fix() -> None:
-    (torch,) = check(Facts(torch=Torch(error="ModuleNotFoundError: No module named 'torch'")))
+def test_no_torch_fails_a_worker_but_not_a_controller() -> None:
+    facts = Facts(torch=Torch(error="ModuleNotFoundError: No module named 'torch'"))
+    (torch,) = check(facts)
     assert torch.level == "fail" and "flodl_worker_libtorch: auto" in torch.fix
+    join_window = {"discovery": True, "min_rank_start": 1}
+    cluster = Cluster.model_validate({"controller": {"host": "0.0.0.0", "join": join_window}})
+    controller = check(facts, cluster=cluster)
+    assert levels(controller, "torch") == ["ok"]
 
 
 def test_join_devices_beyond_the_usable_gpus() -> None:

@@ -1,0 +1,193 @@
+"""A Trainer for the ElChe modes: data-parallel training that averages parameters
+every round, on the NCCL plane (torch.distributed collectives; gloo on CPU
+boxes) or the CPU plane (through the controller: works through tunnels and
+across GPU vendors).
+
+Sync modes take one batch per rank per round. Cadence modes anchor on the
+slowest device: it takes ``anchor`` batches per round and every faster rank
+proportionally more, measured from the previous round's time per batch (so a
+smaller or slower GPU gets less work, never a wait). Averages are weighted by
+the batches each rank actually took. ``cpu_async`` blends each rank toward
+the average with elasticity ``alpha`` (EASGD) instead of replacing its
+parameters; its rounds are still in step (the hub answers once per round).
+
+Every rank runs the same ``Trainer(...).fit(rounds)``; the walk-in's
+environment (RANK, WORLD_SIZE, the store, the averaging port) does the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Plane = Literal["nccl", "cpu"]
+Cadence = Literal["sync", "cadence", "async"]
+
+
+@dataclass(frozen=True)
+class ElCheConfig:
+    plane: Plane = "nccl"
+    cadence: Cadence = "cadence"
+    anchor: int = 8  # batches the slowest rank takes per round (cadence modes)
+    max_anchor: int = 256
+    overhead_target: float = 0.05  # averaging time / compute time the anchor adapts toward
+    alpha: float = 0.5  # EASGD elasticity (cpu_async)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.anchor <= self.max_anchor:
+            raise ValueError(f"anchor must be 1..max_anchor ({self.max_anchor}), not {self.anchor}")
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], not {self.alpha}")
+        if self.cadence == "async" and self.plane != "cpu":
+            raise ValueError("async blending runs on the cpu plane (cpu_async)")
+
+    @classmethod
+    def nccl_sync(cls, **knobs: Any) -> ElCheConfig:
+        return cls("nccl", "sync", **knobs)
+
+    @classmethod
+    def nccl_cadence(cls, **knobs: Any) -> ElCheConfig:
+        return cls("nccl", "cadence", **knobs)
+
+    @classmethod
+    def cpu_sync(cls, **knobs: Any) -> ElCheConfig:
+        return cls("cpu", "sync", **knobs)
+
+    @classmethod
+    def cpu_cadence(cls, **knobs: Any) -> ElCheConfig:
+        return cls("cpu", "cadence", **knobs)
+
+    @classmethod
+    def cpu_async(cls, **knobs: Any) -> ElCheConfig:
+        return cls("cpu", "async", **knobs)
+
+
+def batches_for(config: ElCheConfig, anchor: int, mine: float | None, slowest: float | None) -> int:
+    """This rank's batches for the next round, from last round's seconds per batch."""
+    if config.cadence == "sync":
+        return 1
+    if not mine or not slowest:
+        return anchor  # first round: nothing measured yet
+    return max(1, min(config.max_anchor, round(anchor * slowest / mine)))
+
+
+def adapt_anchor(config: ElCheConfig, anchor: int, compute: float, averaging: float) -> int:
+    """Averaging should cost about ``overhead_target`` of the compute: double or halve the anchor."""
+    if config.cadence == "sync" or compute <= 0:
+        return anchor
+    ratio = averaging / compute
+    if ratio > config.overhead_target:
+        return min(config.max_anchor, anchor * 2)
+    if ratio < config.overhead_target / 4:
+        return max(config.anchor, anchor // 2)
+    return anchor
+
+
+@dataclass
+class RoundReport:
+    round: int
+    batches: int
+    loss: float
+    weight: float  # the round's accepted weight across the world
+    seconds_per_batch: dict[int, float]  # every rank that stepped
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: Callable[[], Any],
+        dataset: Any,
+        optimizer: Callable[[Iterable[Any]], Any],
+        loss: Callable[[Any, Any], Any],
+        config: ElCheConfig | None = None,
+        batch_size: int = 32,
+    ) -> None:
+        import torch
+
+        self.config = config or ElCheConfig.nccl_cadence()
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        torch.manual_seed(0)  # every rank starts from the same parameters
+        self.model = model()
+        self.optimizer = optimizer(self.model.parameters())
+        self.loss_fn = loss
+        self.batch_size = batch_size
+        self.dataset = dataset
+        self.reports: list[RoundReport] = []
+        self._batches = self._shard()
+        self._average = self._plane()
+
+    def _shard(self) -> Iterator[Any]:
+        """This rank's share of the dataset, cycled: faster ranks simply draw more of it."""
+        from torch.utils.data import default_collate
+
+        indices = list(range(self.rank, len(self.dataset), self.world))
+        if not indices:
+            raise ValueError(f"rank {self.rank}: the dataset ({len(self.dataset)} items) has nothing for it")
+        while True:
+            for start in range(0, len(indices), self.batch_size):
+                yield default_collate([self.dataset[i] for i in indices[start : start + self.batch_size]])
+
+    def _plane(self) -> Callable[[list[Any], float], float]:
+        if self.config.plane == "cpu":
+            from .averaging import Averager
+
+            return Averager().average
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+        def collective(tensors: list[Any], weight: float) -> float:
+            flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+            both = torch.cat([flat * weight, torch.tensor([weight])])
+            dist.all_reduce(both)
+            total = float(both[-1])
+            if total > 0:
+                averaged, offset = both[:-1] / total, 0
+                with torch.no_grad():
+                    for t in tensors:
+                        t.copy_(averaged[offset : offset + t.numel()].view_as(t).to(t.dtype))
+                        offset += t.numel()
+            return total
+
+        return collective
+
+    def fit(self, rounds: int) -> Any:
+        import torch
+
+        state = [t for t in self.model.state_dict().values() if t.is_floating_point()]
+        anchor, mine, slowest = self.config.anchor, None, None
+        for round_no in range(rounds):
+            n = batches_for(self.config, anchor, mine, slowest)
+            started = time.perf_counter()
+            total_loss = 0.0
+            for _ in range(n):
+                x, y = next(self._batches)
+                self.optimizer.zero_grad()
+                loss = self.loss_fn(self.model(x), y)
+                loss.backward()
+                self.optimizer.step()
+                total_loss += float(loss.detach())
+            compute = time.perf_counter() - started
+            # Each rank's seconds per batch rides the round in its own slot, divided by its
+            # weight: after the weighted average, slot * total weight is that rank's time.
+            timing = torch.zeros(self.world)
+            timing[self.rank] = compute / n / n
+            before = [t.detach().clone() for t in state] if self.config.cadence == "async" else []
+            started = time.perf_counter()
+            total = self._average([*state, timing], float(n))
+            averaging = time.perf_counter() - started
+            if before:  # EASGD: move alpha of the way toward the average, keep the rest local
+                with torch.no_grad():
+                    for t, own in zip(state, before, strict=True):
+                        t.copy_(own + self.config.alpha * (t - own))
+            times = {r: float(v) * total for r, v in enumerate(timing) if v > 0}
+            mine, slowest = times.get(self.rank), max(times.values(), default=None)
+            anchor = adapt_anchor(self.config, anchor, compute, averaging)
+            self.reports.append(RoundReport(round_no, n, total_loss / n, total, times))
+        return self.model
