@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Rej
 from .messages import parse as parse_message
 from .net import join_address, keepalive, socket_ifnames, ssh_argv
 from .rendezvous import StreamRelay, serve_store
+from .signature import dataset_signature
 
 CLEAN, TRANSIENT, PERMANENT = 0, 1, 2
 DIAL_TIMEOUT = 10.0
@@ -128,6 +130,22 @@ def resolve_offer(offer: DeviceOffer) -> Offer:
     return Offer(
         [f"cuda:{i}" for i in indices], [torch.cuda.get_device_name(i) for i in indices], variant, nccl
     )
+
+
+def data_signature(data_path: str) -> str:
+    """The data root's signature for the hello (cached in ~/.flodl between dials)."""
+    try:
+        return dataset_signature(data_path, Path.home() / ".flodl" / "cache" / "dataset-signatures.json")
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise AgentFailure(
+                f"the data mount at {data_path} is not connected (its sshfs died)",
+                "restart it (systemctl restart flodl-join.service remounts it), then --persist re-dials",
+            ) from None
+        raise AgentFailure(
+            f"data_path {data_path} cannot be read: {exc.strerror or exc}",
+            "mount the data root there (flodl_worker_data_mount) or fix join.data_path; --persist re-dials",
+        ) from None
 
 
 def _free_port() -> int:
@@ -563,6 +581,9 @@ async def join_once(
     options: AgentOptions, log: Callable[[str], None], on_wait: Callable[[bool], None] = lambda _: None
 ) -> int:
     offer = resolve_offer(options.devices)
+    if options.data_path and not options.dataset_sig:
+        # Before the dial: admission starts a deadline, and refuses a box whose data differs.
+        options = replace(options, dataset_sig=await asyncio.to_thread(data_signature, options.data_path))
     attempt = Attempt(options, offer, log, on_wait)
     if options.ssh is None:
         return await attempt.run(options.controller_host, options.controller_port)

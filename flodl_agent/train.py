@@ -23,6 +23,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .signature import check_formation, model_signature
+
+FORMATION_TIMEOUT = 300.0  # seconds a rank waits for the others' model signatures
 Plane = Literal["nccl", "cpu"]
 Cadence = Literal["sync", "cadence", "async"]
 
@@ -112,6 +115,7 @@ class Trainer:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         torch.manual_seed(0)  # every rank starts from the same parameters
         self.model = model()
+        self._check_formation()
         self.optimizer = optimizer(self.model.parameters())
         self.loss_fn = loss
         self.batch_size = batch_size
@@ -119,6 +123,24 @@ class Trainer:
         self.reports: list[RoundReport] = []
         self._batches = self._shard()
         self._average = self._plane()
+
+    def _check_formation(self) -> None:
+        """Every rank must build the same model: compare signatures through the rendezvous store."""
+        if self.world == 1 or "MASTER_PORT" not in os.environ:
+            return
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+        store = TCPStore(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=FORMATION_TIMEOUT),
+        )
+        prefix = f"flodl/{os.environ.get('FLODL_RUN', '')}/model_sig"
+        store.set(f"{prefix}/{self.rank}", model_signature(self.model))
+        check_formation({r: store.get(f"{prefix}/{r}").decode() for r in range(self.world)})
 
     def _shard(self) -> Iterator[Any]:
         """This rank's share of the dataset, cycled: faster ranks simply draw more of it."""

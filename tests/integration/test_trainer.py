@@ -14,7 +14,7 @@ import pytest
 
 from flodl_agent.controller import Controller
 
-from .test_control_plane import agent, run, settings, walk_in
+from .test_control_plane import agent, run, settings, until, walk_in
 
 pytest.importorskip("torch")
 
@@ -87,3 +87,51 @@ def test_cpu_async_blends_toward_the_average(tmp_path: Path) -> None:
     ranks = fit(tmp_path, "cpu_async")
     for r in ranks.values():
         assert r["w"] == pytest.approx(2.0, abs=0.1) and r["b"] == pytest.approx(1.0, abs=0.1)
+
+
+MISMATCHED = """
+import os, torch
+from flodl_agent.train import ElCheConfig, Trainer
+
+width = 3 if os.environ["RANK"] == "1" else 2  # rank 1 runs different model code
+Trainer(lambda: torch.nn.Linear(width, 1), [(torch.zeros(width), torch.zeros(1))] * 4,
+        lambda p: torch.optim.SGD(p, lr=0.1), torch.nn.functional.mse_loss, ElCheConfig.cpu_sync())
+"""
+
+
+def test_a_model_mismatch_at_formation_names_the_ranks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings([sys.executable, "-c", MISMATCHED], quorum=2, target=2))
+        await ctl.start()
+        await asyncio.gather(walk_in(agent(ctl, "box-a", 1)), walk_in(agent(ctl, "box-b", 1)))
+        await ctl.finished.wait()
+        assert ctl.exit_code == 1 and "exited with code 1" in ctl.reason
+        await ctl.close()
+
+    run(scenario)
+    printed = capsys.readouterr().out
+    assert "model mismatch at formation: rank 0 builds" in printed and "; rank 1 builds" in printed
+
+
+def test_a_box_whose_data_root_differs_is_refused_at_admission(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    same, other = tmp_path / "a", tmp_path / "b"
+    for root, content in ((same, "0,1\n"), (other, "1,0\n")):
+        root.mkdir()
+        (root / "labels.csv").write_text(content)
+
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=2, target=2))
+        await ctl.start()
+        first = asyncio.ensure_future(walk_in(replace(agent(ctl, "box-a", 1), data_path=str(same))))
+        await until(lambda: ctl.admitted == 1)  # box-a's data is the cohort's reference
+        refused = await walk_in(replace(agent(ctl, "box-b", 1), data_path=str(other)))
+        assert "dataset mismatch" in str(refused)
+        assert ctl.refused.get("dataset_mismatch") == 1
+        first.cancel()
+        await ctl.close()
+
+    run(scenario)

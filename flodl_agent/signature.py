@@ -1,0 +1,117 @@
+"""Signatures that keep a cohort coherent: the model each rank builds and the data root each box reads.
+
+The dataset signature is computed by the agent before it dials (names, sizes
+and a sampled content hash of the data root, cached between dials) and rides
+the hello; admission refuses a box whose signature differs from the cohort's
+("dataset mismatch"). The model signature is SHA-256 over the sorted names,
+shapes and dtypes of a model's parameters and buffers; the Trainer compares
+every rank's at formation through the rendezvous store ("model mismatch at
+formation" names the ranks).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+SAMPLE_BYTES = 64 * 1024  # read from the head and the tail of a sampled file
+SAMPLED_FILES = 256  # at most this many files are read; every file is listed
+
+
+class ModelMismatch(RuntimeError):
+    pass
+
+
+def model_signature(model: Any) -> str:
+    """SHA-256 over the sorted (name, shape, dtype) of a torch module's parameters and buffers."""
+    entries = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in model.state_dict().items())
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+
+
+def check_formation(signatures: dict[int, str]) -> None:
+    """Every rank must build the same model; otherwise name who builds what."""
+    by_sig: dict[str, list[int]] = {}
+    for rank, sig in sorted(signatures.items()):
+        by_sig.setdefault(sig, []).append(rank)
+    if len(by_sig) <= 1:
+        return
+    parts = []
+    for sig, ranks in sorted(by_sig.items(), key=lambda kv: kv[1]):
+        many = len(ranks) > 1
+        parts.append(
+            f"rank{'s' if many else ''} {', '.join(map(str, ranks))} build{'' if many else 's'} {sig[:12]}"
+        )
+    raise ModelMismatch(
+        "model mismatch at formation: "
+        + "; ".join(parts)
+        + " (parameter names, shapes or dtypes differ: a stale source tree, a wrong bin, or different "
+        "arguments reaching the model factory)"
+    )
+
+
+def _listing(root: Path) -> list[tuple[str, int, int]]:
+    """Every regular file under ``root``: (relative path, size, mtime in ns), sorted."""
+    if not stat.S_ISDIR(root.stat().st_mode):  # raises for a missing root or a dead mount
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(root))
+    files = []
+
+    def fail(exc: OSError) -> None:
+        raise exc  # os.walk would skip an unreadable directory: a signature must not
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
+        dirnames.sort()
+        for name in filenames:
+            path = Path(dirpath) / name
+            st = path.stat()
+            files.append((str(path.relative_to(root)), st.st_size, st.st_mtime_ns))
+    return sorted(files)
+
+
+def dataset_signature(root: str | Path, cache: Path | None = None) -> str:
+    """Names, sizes and a sampled content hash of the data root (cached by its listing)."""
+    root = Path(root)
+    listing = _listing(root)
+    key = hashlib.sha256(json.dumps([str(root), listing]).encode()).hexdigest()
+    cached = _read_cache(cache)
+    if cached.get(str(root), {}).get("key") == key:
+        return str(cached[str(root)]["sig"])
+    digest = hashlib.sha256()
+    step = max(1, len(listing) // SAMPLED_FILES)
+    for i, (rel, size, _) in enumerate(listing):
+        digest.update(f"{rel}\0{size}\n".encode())  # names and sizes: every file
+        if i % step == 0:  # content: a deterministic sample (the same files on every box)
+            with (root / rel).open("rb") as f:
+                digest.update(f.read(SAMPLE_BYTES))
+                if size > 2 * SAMPLE_BYTES:
+                    f.seek(size - SAMPLE_BYTES)
+                    digest.update(f.read(SAMPLE_BYTES))
+    sig = digest.hexdigest()
+    if cache is not None:
+        cached[str(root)] = {"key": key, "sig": sig}
+        _write_cache(cache, cached)
+    return sig
+
+
+def _read_cache(cache: Path | None) -> dict[str, Any]:
+    if cache is None:
+        return {}
+    try:
+        data = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(cache: Path, data: dict[str, Any]) -> None:
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(cache)  # atomic: a concurrent reader sees the old file or the new one
+    except OSError:
+        pass  # a cache that cannot be written only costs a recomputation
