@@ -28,7 +28,14 @@ ENV_PORT, ENV_KEY = "FLODL_AVERAGE_PORT", "FLODL_AVERAGE_KEY"
 
 
 class AveragingError(RuntimeError):
-    """The plane refused a round (a parameter count mismatch, the run ended)."""
+    """The plane refused a round (a parameter count mismatch, the run ended, a shutdown).
+
+    ``saver`` is set for ShutdownWithSave: the rank that writes the checkpoint.
+    """
+
+    def __init__(self, message: str, saver: int | None = None) -> None:
+        super().__init__(message)
+        self.saver = saver
 
 
 class Averager:
@@ -56,7 +63,10 @@ class Averager:
         self._sock.sendall(self._codec.encode(wire.Kind.AVERAGE, body))
         reply = self._receive()
         if reply.get("error"):
-            raise AveragingError(str(reply["error"]))
+            saver = reply.get("saver", -1)
+            raise AveragingError(
+                str(reply["error"]), saver if isinstance(saver, int) and saver >= 0 else None
+            )
         self.round += 1
         total = float(reply.get("weight", 0.0))
         if total > 0:
@@ -182,7 +192,8 @@ class AverageRelay:
 
     def deliver(self, body: dict[str, Any]) -> None:
         """The controller's average for a round: to every local rank that pushed it."""
-        frame_body: dict[str, Any] = {k: body[k] for k in ("round", "weight", "data", "error") if k in body}
+        keys = ("round", "weight", "data", "error", "saver")
+        frame_body: dict[str, Any] = {k: body[k] for k in keys if k in body}
         for writer, codec in list(self._writers.values()):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.write(codec.encode(wire.Kind.AVERAGED, frame_body))

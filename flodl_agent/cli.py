@@ -40,7 +40,7 @@ from .config import (
     load_config,
     parse_devices,
 )
-from .controller import Controller
+from .controller import Controller, parse_max_failure
 from .launcher import LaunchError, LaunchOptions
 from .launcher import launch as run_launch
 from .net import AddressError, join_address, split_address
@@ -265,6 +265,15 @@ def _token_or_exit(option: str | None) -> str | None:
     "their own join unit (fdl join --persist).",
 )
 @click.option(
+    "--max-failure",
+    default="0",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _max_failure(value),
+    help="Ranks that may fail mid-run before it ends: a count (2) or a share of the world (25%). "
+    "Within it a lost rank is evicted and averaging renormalizes; beyond it the survivors averaging "
+    "through the controller save a checkpoint (ShutdownWithSave) and the run fails.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -278,6 +287,7 @@ def launch(
     port: int | None,
     plane: str,
     fanout: bool,
+    max_failure: str,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -288,9 +298,21 @@ def launch(
     """
     loaded = _load(config_file, base, False)
     options = LaunchOptions(
-        command=list(command), bind=bind, port=port, plane="nccl" if plane == "nccl" else "cpu", fanout=fanout
+        command=list(command),
+        bind=bind,
+        port=port,
+        plane="nccl" if plane == "nccl" else "cpu",
+        fanout=fanout,
+        max_failure=max_failure,
     )
     _launch_loaded(loaded, config_file, options, as_json)
+
+
+def _max_failure(value: str) -> str:
+    try:
+        return parse_max_failure(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--max-failure") from None
 
 
 def _launch_loaded(

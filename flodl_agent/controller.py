@@ -84,6 +84,28 @@ class Settings:
     env: dict[str, str] = field(default_factory=dict)
     run: str = ""
     roster: list[str] = field(default_factory=list)  # configured workers, in rank order
+    max_failure: str = "0"  # ranks that may fail mid-run: "N", or "P%" of the formed world
+    shutdown_grace: float = 60.0  # seconds survivors get to save before the run is aborted
+
+
+def failure_budget(spec: str, world_size: int) -> int:
+    """``max_failure`` as a rank count: ``"2"``, or ``"25%"`` of the world (rounded down)."""
+    text = spec.strip()
+    if text.endswith("%"):
+        return int(world_size * float(text[:-1]) / 100)
+    return int(text)
+
+
+def parse_max_failure(spec: str) -> str:
+    """Check a ``max_failure`` spelling; returns it normalized or raises ValueError."""
+    text = spec.strip()
+    try:
+        value = float(text[:-1]) if text.endswith("%") else int(text)
+    except ValueError:
+        raise ValueError(f"max_failure is a rank count (2) or a percentage (25%), not {spec!r}") from None
+    if value < 0 or (text.endswith("%") and value > 100):
+        raise ValueError(f"max_failure {spec!r} is out of range")
+    return text
 
 
 class Controller:
@@ -119,6 +141,9 @@ class Controller:
         self.exits: dict[str, dict[int, int]] = {}
         self.streams: StreamRouter | None = None  # rendezvous routes, once the world formed
         self.hub: Hub | None = None  # the CPU plane's averaging, once the world formed
+        self.failed_ranks: set[int] = set()  # ranks lost mid-run (evicted within max_failure)
+        self._shutdown = ""  # ShutdownWithSave in progress: why
+        self._grace: asyncio.TimerHandle | None = None
         self.port = settings.port
         self._timer: asyncio.TimerHandle | None = None
         self._server: asyncio.Server | None = None
@@ -145,8 +170,9 @@ class Controller:
         self._apply(self.window.decide(self.clock()))
 
     async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._grace):
+            if timer is not None:
+                timer.cancel()
         if self._server is not None:
             self._server.close()
         # Closing every connection lets each handler finish on EOF; only a
@@ -425,10 +451,8 @@ class Controller:
                         self._averaged(self.hub.leave(host))  # its rounds no longer wait for it
                     self.log(f"rank {exited.rank} on {host} exited with code {exited.code}")
                     if exited.code != 0 and self.window.phase == "training":
-                        self._apply(
-                            self.window.fail(
-                                f"rank {exited.rank} on {host} exited with code {exited.code}", self.clock()
-                            )
+                        self._rank_failed(
+                            f"rank {exited.rank} on {host} exited with code {exited.code}", {exited.rank}
                         )
         except (wire.Dropped, BadMessage) as exc:
             self.dropped[getattr(exc, "cause", "payload")] += 1
@@ -470,6 +494,9 @@ class Controller:
         if pushed.error:
             self._apply(self.window.fail(f"{host}: {pushed.error}", self.clock()))
             return
+        if self._shutdown:  # a round pushed after the shutdown: answered with it at once
+            self._tell_shutdown(host, pushed.round)
+            return
         try:
             done = self.hub.push(host, pushed.round, pushed.weight, pushed.data)
         except Mismatch as exc:
@@ -509,14 +536,73 @@ class Controller:
         phase = self.window.phase
         if phase in ("done", "failed"):
             return
+        if self._shutdown:
+            self.log(f"host {host} closed its link")
+            if not self.links:  # every survivor has saved and gone
+                self._apply(self.window.fail(self._shutdown, self.clock()))
+            return
         running = len(link.hello.devices) - len(link.exited)
         if phase == "training" and running > 0:
             # A host that leaves with ranks still running has died, not finished.
-            reason = f"host {host} closed its link with {running} rank(s) still running"
-            self._apply(self.window.fail(reason, self.clock()))
-            return
+            lost = set(link.ranks or ()) - set(link.exited)
+            if not self._rank_failed(
+                f"host {host} closed its link with {running} rank(s) still running", lost
+            ):
+                return
         self.log(f"host {host} closed its link")
         self._apply(self.window.leave(host, self.clock()))
+
+    # --- failures mid-run: eviction within max_failure, then ShutdownWithSave ------
+
+    def _rank_failed(self, reason: str, ranks: set[int]) -> bool:
+        """Ranks were lost; True when the run goes on without them."""
+        if self._shutdown:
+            return False
+        self.failed_ranks |= ranks
+        world = sum(len(h["devices"]) for h in self.formed)
+        budget = failure_budget(self.settings.max_failure, world)
+        if len(self.failed_ranks) <= budget:
+            self.log(
+                f"{reason}: evicted ({len(self.failed_ranks)} of max_failure {budget}); "
+                "the others train on and averaging renormalizes"
+            )
+            return True
+        self._shutdown_with_save(
+            f"{reason}; {len(self.failed_ranks)} failed rank(s) exceed max_failure {budget}"
+        )
+        return False
+
+    def _survivors(self) -> set[int]:
+        ranks = {r for h in self.formed for r in range(h["ranks"][0], h["ranks"][1])}
+        done = {r for exits in self.exits.values() for r in exits}
+        return ranks - done - self.failed_ranks
+
+    def _shutdown_with_save(self, reason: str) -> None:
+        """Too many ranks lost: the survivors save a checkpoint, then the run fails.
+
+        Only ranks averaging through the controller can be asked (their next round is
+        answered with the shutdown and the saver's rank); otherwise the run fails now.
+        """
+        survivors = self._survivors()
+        if self.hub is None or not self.hub.active or not survivors:
+            self._apply(self.window.fail(reason, self.clock()))
+            return
+        self._shutdown = reason
+        saver = min(survivors)
+        self.log(f"ShutdownWithSave: {reason}; rank {saver} saves a checkpoint")
+        for round_no, hosts in self.hub.shutdown():
+            for host in hosts:
+                self._tell_shutdown(host, round_no)
+        self._grace = asyncio.get_running_loop().call_later(
+            self.settings.shutdown_grace, lambda: self._apply(self.window.fail(reason, self.clock()))
+        )
+
+    def _tell_shutdown(self, host: str, round_no: int) -> None:
+        link = self.links.get(host)
+        if link is not None:
+            saver = min(self._survivors(), default=-1)
+            body = {"round": round_no, "error": f"shutdown with save: {self._shutdown}", "saver": saver}
+            link.send(wire.Kind.AVERAGED, body)
 
     # --- HTTP: /state.json and /start ----------------------------------------
 

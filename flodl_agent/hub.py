@@ -73,6 +73,17 @@ class Hub:
         self.bytes_in += len(data)
         return self._finish(round_no)
 
+    @property
+    def active(self) -> bool:
+        """Ranks average through the plane (a round finished or is open)."""
+        return bool(self.rounds_done or self._rounds)
+
+    def shutdown(self) -> list[tuple[int, set[str]]]:
+        """Drop the open rounds: (round, hosts that pushed it), to be answered with the shutdown."""
+        open_rounds = [(r, set(state.hosts)) for r, state in sorted(self._rounds.items())]
+        self._rounds.clear()
+        return open_rounds
+
     def leave(self, host: str) -> list[Averaged]:
         """A host stopped training (its ranks exited or it died): rounds waiting only on it finish."""
         self.training.discard(host)

@@ -29,6 +29,7 @@ class LaunchOptions:
     port: int | None = None
     plane: Plane = "cpu"
     fanout: bool = True
+    max_failure: str = "0"
 
 
 def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]) -> Controller:
@@ -55,6 +56,7 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         env=dict(cluster.env),
         run=secrets.token_hex(4),
         roster=[w.host for w in cluster.workers],
+        max_failure=options.max_failure,
     )
     return Controller(settings, log=log)
 

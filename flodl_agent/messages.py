@@ -120,6 +120,7 @@ class Averaged(_Msg):
     weight: float = 0.0
     data: bytes = b""
     error: str = ""
+    saver: int = -1  # ShutdownWithSave: the rank that writes the checkpoint
 
 
 class Stream(_Msg):

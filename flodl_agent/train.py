@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from .signature import check_formation, model_signature
@@ -89,6 +90,15 @@ def adapt_anchor(config: ElCheConfig, anchor: int, compute: float, averaging: fl
     return anchor
 
 
+class ShutdownWithSave(RuntimeError):
+    """The run is ending because too many ranks were lost; ``path`` is the checkpoint this rank wrote."""
+
+    def __init__(self, reason: str, path: Path | None) -> None:
+        saved = f"; checkpoint saved to {path}" if path is not None else "; another rank saves the checkpoint"
+        super().__init__(reason + saved)
+        self.path = path
+
+
 @dataclass
 class RoundReport:
     round: int
@@ -107,6 +117,7 @@ class Trainer:
         loss: Callable[[Any, Any], Any],
         config: ElCheConfig | None = None,
         batch_size: int = 32,
+        checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
         import torch
 
@@ -120,9 +131,41 @@ class Trainer:
         self.loss_fn = loss
         self.batch_size = batch_size
         self.dataset = dataset
+        self.checkpoint = Path(checkpoint or os.environ.get("FLODL_CHECKPOINT", "checkpoint.pt"))
         self.reports: list[RoundReport] = []
         self._batches = self._shard()
         self._average = self._plane()
+
+    def _shutdown(self, exc: Exception, round_no: int) -> None:
+        """ShutdownWithSave: the plane says too many ranks were lost (the CPU plane names
+        the saver), or a collective broke under us (NCCL plane: every survivor saves, to
+        the same path, atomically). Raises ShutdownWithSave; returns for other errors."""
+        from .averaging import AveragingError
+
+        if isinstance(exc, AveragingError):
+            if exc.saver is None:
+                return
+            saved = self.save(round_no) if exc.saver == self.rank else None
+            raise ShutdownWithSave(str(exc), saved) from None
+        if self.config.plane == "nccl" and isinstance(exc, RuntimeError):
+            raise ShutdownWithSave(f"a collective failed: {exc}", self.save(round_no)) from None
+
+    def save(self, round_no: int) -> Path:
+        """An atomic checkpoint: a temp file beside it, then a rename (readers never see half)."""
+        import torch
+
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint.with_name(f".{self.checkpoint.name}.{os.getpid()}.tmp")
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "round": round_no,
+            "rank": self.rank,
+            "world_size": self.world,
+        }
+        torch.save(state, tmp)
+        tmp.replace(self.checkpoint)
+        return self.checkpoint
 
     def _check_formation(self) -> None:
         """Every rank must build the same model: compare signatures through the rendezvous store."""
@@ -202,7 +245,11 @@ class Trainer:
             timing[self.rank] = compute / n / n
             before = [t.detach().clone() for t in state] if self.config.cadence == "async" else []
             started = time.perf_counter()
-            total = self._average([*state, timing], float(n))
+            try:
+                total = self._average([*state, timing], float(n))
+            except Exception as exc:
+                self._shutdown(exc, round_no)
+                raise
             averaging = time.perf_counter() - started
             if before:  # EASGD: move alpha of the way toward the average, keep the rest local
                 with torch.no_grad():

@@ -1,0 +1,99 @@
+"""Losing ranks mid-run: eviction within max_failure (averaging renormalizes and
+the rest finish), ShutdownWithSave beyond it (a survivor writes a checkpoint
+that loads, then the run fails with the reason)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.controller import Controller, failure_budget, parse_max_failure
+
+from .test_control_plane import agent, run, settings, walk_in
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = """
+import json, os, sys
+import torch
+from flodl_agent.train import ElCheConfig, ShutdownWithSave, Trainer
+
+out = sys.argv[1]
+rank = int(os.environ["RANK"])
+
+class Flaky(torch.nn.Linear):
+    calls = 0
+    def forward(self, x):
+        Flaky.calls += 1
+        if rank == 2 and Flaky.calls == 4:
+            os._exit(3)  # this rank's box dies mid-run
+        return super().forward(x)
+
+data = [(torch.tensor([float(i)]), torch.tensor([2.0 * i + 1])) for i in range(-8, 8)]
+trainer = Trainer(lambda: Flaky(1, 1), data, lambda p: torch.optim.SGD(p, lr=0.01),
+                  torch.nn.functional.mse_loss, ElCheConfig.cpu_sync(), batch_size=4,
+                  checkpoint=os.path.join(out, "checkpoint.pt"))
+try:
+    trainer.fit(rounds=12)
+except ShutdownWithSave as exc:
+    open(os.path.join(out, f"shutdown-{rank}"), "w").write(str(exc))
+    sys.exit(1)
+open(os.path.join(out, f"done-{rank}"), "w").write(json.dumps([r.weight for r in trainer.reports]))
+"""
+
+
+def launch(tmp_path: Path, max_failure: str) -> tuple[Controller, Path]:
+    out = tmp_path / "out"
+    out.mkdir()
+    holder: list[Controller] = []
+
+    async def scenario() -> None:
+        ctl = Controller(
+            settings([sys.executable, "-c", SCRIPT, str(out)], quorum=3, target=3, max_failure=max_failure)
+        )
+        holder.append(ctl)
+        await ctl.start()
+        await asyncio.gather(*(walk_in(agent(ctl, f"box-{h}", 1)) for h in "abc"))
+        await ctl.finished.wait()
+        await ctl.close()
+
+    run(scenario)
+    return holder[0], out
+
+
+def test_within_max_failure_a_lost_rank_is_evicted_and_the_rest_finish(tmp_path: Path) -> None:
+    ctl, out = launch(tmp_path, "1")
+    assert ctl.exit_code == 0 and ctl.window.phase == "done"
+    assert ctl.failed_ranks == {2}
+    survivors = {p.name: json.loads(p.read_text()) for p in out.glob("done-*")}
+    assert sorted(survivors) == ["done-0", "done-1"]
+    # rounds before the loss carried three ranks' weight, rounds after it two: renormalized
+    weights = survivors["done-0"]
+    assert weights[0] == 3.0 and weights[-1] == 2.0 and len(weights) == 12
+    report = ctl.report()
+    (lost,) = [h for h in report["hosts"] if h["exits"] == {"2": 3}]
+    assert report["ok"] and lost["ranks"] == [2, 3]
+
+
+def test_beyond_max_failure_the_survivors_save_a_checkpoint_then_the_run_fails(tmp_path: Path) -> None:
+    ctl, out = launch(tmp_path, "0")
+    assert ctl.exit_code == 1 and ctl.window.phase == "failed"
+    assert "rank 2 on box-" in ctl.reason and "exceed max_failure 0" in ctl.reason
+    assert "checkpoint saved to" in (out / "shutdown-0").read_text()  # the lowest survivor saves
+    assert "another rank saves the checkpoint" in (out / "shutdown-1").read_text()
+    checkpoint = torch.load(out / "checkpoint.pt")
+    assert set(checkpoint) == {"model", "optimizer", "round", "rank", "world_size"}
+    assert checkpoint["rank"] == 0 and checkpoint["world_size"] == 3 and checkpoint["round"] >= 1
+    assert not list(out.glob(".checkpoint.pt.*"))  # the temp file was renamed, not left behind
+
+
+def test_max_failure_spellings() -> None:
+    assert failure_budget("2", 10) == 2 and failure_budget("25%", 10) == 2 and failure_budget("0%", 8) == 0
+    assert parse_max_failure(" 10% ") == "10%"
+    for bad in ("-1", "x", "150%", "2.5"):
+        with pytest.raises(ValueError, match="max_failure"):
+            parse_max_failure(bad)
