@@ -74,6 +74,11 @@ async def walk_in(opts: AgentOptions, log: list[str] | None = None) -> int | Age
         return exc
 
 
+async def walk_ins(ctl: Controller, *boxes: tuple[str, int], log: list[str] | None = None) -> list[object]:
+    """Walk ``(host, cpus)`` boxes in at once; their join results, in order."""
+    return list(await asyncio.gather(*(walk_in(agent(ctl, host, cpus), log) for host, cpus in boxes)))
+
+
 def get_json(ctl: Controller, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any]]:
     conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=5)
     headers = {"content-type": "application/x-www-form-urlencoded"} if body else {}

@@ -3,7 +3,6 @@ through the controller (raw float32 frames, folded per host, divided once)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from flodl_agent.controller import Controller
 
-from .test_control_plane import agent, run, settings, walk_in
+from .test_control_plane import agent, run, settings, walk_in, walk_ins
 
 pytest.importorskip("torch")
 
@@ -48,9 +47,7 @@ def test_weighted_averaging_across_hosts_through_the_controller(tmp_path: Path) 
         ctl = Controller(settings([sys.executable, "-c", SCRIPT, str(out)], quorum=3, target=3))
         await ctl.start()
         logs: list[str] = []
-        codes = await asyncio.gather(
-            walk_in(agent(ctl, "box-a", 2), logs), walk_in(agent(ctl, "box-b", 1), logs)
-        )
+        codes = await walk_ins(ctl, ("box-a", 2), ("box-b", 1), log=logs)
         assert codes == [0, 0], logs
         await ctl.finished.wait()
         assert ctl.exit_code == 0

@@ -4,7 +4,6 @@ that loads, then the run fails with the reason)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 from flodl_agent.controller import Controller, failure_budget, parse_max_failure
 
-from .test_control_plane import agent, run, settings, walk_in
+from .test_control_plane import run, settings, walk_ins
 
 torch = pytest.importorskip("torch")
 
@@ -57,7 +56,7 @@ def launch(tmp_path: Path, max_failure: str) -> tuple[Controller, Path]:
         )
         holder.append(ctl)
         await ctl.start()
-        await asyncio.gather(*(walk_in(agent(ctl, f"box-{h}", 1)) for h in "abc"))
+        await walk_ins(ctl, ("box-a", 1), ("box-b", 1), ("box-c", 1))
         await ctl.finished.wait()
         await ctl.close()
 

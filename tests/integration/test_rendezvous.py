@@ -5,7 +5,6 @@ through its control link."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from flodl_agent.controller import Controller
 
-from .test_control_plane import agent, run, settings, walk_in
+from .test_control_plane import run, settings, walk_ins
 
 torch = pytest.importorskip("torch")
 
@@ -41,9 +40,7 @@ def test_an_unmodified_gloo_script_forms_one_world_across_walk_ins(tmp_path: Pat
         ctl = Controller(settings(command, quorum=3, target=3, env={"GLOO_SOCKET_IFNAME": "lo"}))
         await ctl.start()
         logs: list[str] = []
-        codes = await asyncio.gather(
-            walk_in(agent(ctl, "box-a", 2), logs), walk_in(agent(ctl, "box-b", 1), logs)
-        )
+        codes = await walk_ins(ctl, ("box-a", 2), ("box-b", 1), log=logs)
         assert codes == [0, 0], logs
         await ctl.finished.wait()
         assert ctl.exit_code == 0

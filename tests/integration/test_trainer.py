@@ -14,7 +14,7 @@ import pytest
 
 from flodl_agent.controller import Controller
 
-from .test_control_plane import agent, run, settings, until, walk_in
+from .test_control_plane import agent, run, settings, until, walk_in, walk_ins
 
 pytest.importorskip("torch")
 
@@ -58,9 +58,7 @@ def fit(tmp_path: Path, mode: str) -> dict[int, dict[str, object]]:
         ctl = Controller(settings(command, quorum=2, target=2, env={"GLOO_SOCKET_IFNAME": "lo"}))
         await ctl.start()
         logs: list[str] = []
-        codes = await asyncio.gather(
-            walk_in(agent(ctl, "box-a", 1), logs), walk_in(agent(ctl, "box-b", 1), logs)
-        )
+        codes = await walk_ins(ctl, ("box-a", 1), ("box-b", 1), log=logs)
         assert codes == [0, 0], logs
         await ctl.finished.wait()
         await ctl.close()
@@ -105,7 +103,7 @@ def test_a_model_mismatch_at_formation_names_the_ranks(
     async def scenario() -> None:
         ctl = Controller(settings([sys.executable, "-c", MISMATCHED], quorum=2, target=2))
         await ctl.start()
-        await asyncio.gather(walk_in(agent(ctl, "box-a", 1)), walk_in(agent(ctl, "box-b", 1)))
+        await walk_ins(ctl, ("box-a", 1), ("box-b", 1))
         await ctl.finished.wait()
         assert ctl.exit_code == 1 and "exited with code 1" in ctl.reason
         await ctl.close()

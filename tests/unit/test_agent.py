@@ -123,18 +123,23 @@ def test_child_output_becomes_lines_whatever_the_child_writes() -> None:
     assert asyncio.run(collect(b"\xff\xfehalf")) == ["\ufffd\ufffdhalf"]
 
 
-def test_ranks_get_no_credentials_or_internal_plumbing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FDL_TOKEN", "0" * 32)
-    monkeypatch.setenv("FLODL_INTERNAL_AGENT_JSON", "7b7d")
-    attempt = Attempt(AgentOptions(host="a"), Offer(["cpu:0"], ["cpu"], "cpu"), lambda _: None)
-    world = WorldFormed(
-        world_size=1,
-        host=HostEnvelope(host="a", first_rank=0, count=1),
+def alone(ranks: int) -> WorldFormed:
+    """A world of one host, "a", running ``ranks`` ranks."""
+    return WorldFormed(
+        world_size=ranks,
+        host=HostEnvelope(host="a", first_rank=0, count=ranks),
         group=0,
         hosts=1,
         controller="h:1",
         command=["x"],
     )
+
+
+def test_ranks_get_no_credentials_or_internal_plumbing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FDL_TOKEN", "0" * 32)
+    monkeypatch.setenv("FLODL_INTERNAL_AGENT_JSON", "7b7d")
+    attempt = Attempt(AgentOptions(host="a"), Offer(["cpu:0"], ["cpu"], "cpu"), lambda _: None)
+    world = alone(1)
     (env,) = attempt.rank_env(world, "[fd00::1]:7000", 45000)
     assert "FDL_TOKEN" not in env and "FLODL_INTERNAL_AGENT_JSON" not in env
     assert env["FLODL_CONTROLLER"] == "[fd00::1]:7000"
@@ -158,14 +163,7 @@ def test_socket_ifnames_give_nccl_its_syntax_and_gloo_a_concrete_interface() -> 
 def test_ranks_get_gloo_and_nccl_interfaces_unless_the_env_names_them() -> None:
     options = AgentOptions(host="a", socket_ifname="lo", env={"GLOO_SOCKET_IFNAME": "eth9"})
     attempt = Attempt(options, Offer(["cpu:0"], ["cpu"], "cpu"), lambda _: None)
-    world = WorldFormed(
-        world_size=1,
-        host=HostEnvelope(host="a", first_rank=0, count=1),
-        group=0,
-        hosts=1,
-        controller="h:1",
-        command=["x"],
-    )
+    world = alone(1)
     (env,) = attempt.rank_env(world, "h:1", 1)
     assert env["NCCL_SOCKET_IFNAME"] == "lo" and env["GLOO_SOCKET_IFNAME"] == "eth9"
 
@@ -173,14 +171,7 @@ def test_ranks_get_gloo_and_nccl_interfaces_unless_the_env_names_them() -> None:
 def test_ranks_sharing_a_box_default_to_one_omp_thread_like_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     attempt = Attempt(AgentOptions(host="a"), Offer(["cpu:0", "cpu:1"], ["cpu"] * 2, "cpu"), lambda _: None)
-    world = WorldFormed(
-        world_size=2,
-        host=HostEnvelope(host="a", first_rank=0, count=2),
-        group=0,
-        hosts=1,
-        controller="h:1",
-        command=["x"],
-    )
+    world = alone(2)
     assert [e["OMP_NUM_THREADS"] for e in attempt.rank_env(world, "h:1", 1)] == ["1", "1"]
     mine = world.model_copy(update={"env": {"OMP_NUM_THREADS": "8"}})
     assert attempt.rank_env(mine, "h:1", 1)[0]["OMP_NUM_THREADS"] == "8"
