@@ -57,7 +57,7 @@ class Averager:
         """
         import torch
 
-        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+        flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors])
         scaled = (flat * float(weight)).numpy() if weight > 0 else np.zeros(flat.numel(), np.float32)
         body = {"round": self.round, "rank": self.rank, "weight": float(weight), "data": scaled.tobytes()}
         self._sock.sendall(self._codec.encode(wire.Kind.AVERAGE, body))

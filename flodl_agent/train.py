@@ -125,7 +125,10 @@ class Trainer:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         torch.manual_seed(0)  # every rank starts from the same parameters
-        self.model = model()
+        # The agent masks the rank to its one device (CUDA_VISIBLE_DEVICES): it is cuda:0 here.
+        on_gpu = os.environ.get("FLODL_DEVICE", "").startswith("cuda") and torch.cuda.is_available()
+        self.device = torch.device("cuda" if on_gpu else "cpu")
+        self.model = model().to(self.device)
         self._check_formation()
         self.optimizer = optimizer(self.model.parameters())
         self.loss_fn = loss
@@ -205,11 +208,11 @@ class Trainer:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
 
         def collective(tensors: list[Any], weight: float) -> float:
-            flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
-            both = torch.cat([flat * weight, torch.tensor([weight])])
+            flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
+            both = torch.cat([flat * weight, torch.tensor([weight], device=self.device)])
             dist.all_reduce(both)
             total = float(both[-1])
             if total > 0:
@@ -232,7 +235,7 @@ class Trainer:
             started = time.perf_counter()
             total_loss = 0.0
             for _ in range(n):
-                x, y = next(self._batches)
+                x, y = (t.to(self.device) for t in next(self._batches))
                 self.optimizer.zero_grad()
                 loss = self.loss_fn(self.model(x), y)
                 loss.backward()
@@ -241,7 +244,7 @@ class Trainer:
             compute = time.perf_counter() - started
             # Each rank's seconds per batch rides the round in its own slot, divided by its
             # weight: after the weighted average, slot * total weight is that rank's time.
-            timing = torch.zeros(self.world)
+            timing = torch.zeros(self.world, device=self.device)
             timing[self.rank] = compute / n / n
             before = [t.detach().clone() for t in state] if self.config.cadence == "async" else []
             started = time.perf_counter()
