@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import wire
+from .hub import decode, encode
 
 DATA_MAX = 512 * 1024 * 1024  # one frame of parameters: a 128M-parameter model in float32
 ENV_PORT, ENV_KEY = "FLODL_AVERAGE_PORT", "FLODL_AVERAGE_KEY"
@@ -41,7 +42,10 @@ class AveragingError(RuntimeError):
 class Averager:
     """A rank's handle on the CPU plane (blocking; one call per round, in step with the other ranks)."""
 
-    def __init__(self, port: int | None = None, key: bytes | None = None) -> None:
+    def __init__(self, port: int | None = None, key: bytes | None = None, bf16_wire: bool = False) -> None:
+        """``bf16_wire``: the host's frames travel to the controller as bfloat16 (half the
+        bytes; the sum stays float32). Loopback to the agent is float32 either way."""
+        self.bf16_wire = bf16_wire
         port = port if port is not None else int(os.environ[ENV_PORT])
         key = key if key is not None else bytes.fromhex(os.environ[ENV_KEY])
         self.rank = int(os.environ.get("RANK", "0"))
@@ -59,7 +63,13 @@ class Averager:
 
         flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors])
         scaled = (flat * float(weight)).numpy() if weight > 0 else np.zeros(flat.numel(), np.float32)
-        body = {"round": self.round, "rank": self.rank, "weight": float(weight), "data": scaled.tobytes()}
+        body = {
+            "round": self.round,
+            "rank": self.rank,
+            "weight": float(weight),
+            "data": scaled.tobytes(),
+            "bf16": self.bf16_wire,
+        }
         self._sock.sendall(self._codec.encode(wire.Kind.AVERAGE, body))
         reply = self._receive()
         if reply.get("error"):
@@ -96,6 +106,7 @@ class Averager:
 @dataclass
 class _Pending:
     pushes: dict[int, tuple[float, bytes]] = field(default_factory=dict)  # rank -> (weight, data)
+    bf16: bool = False  # a rank asked for the bfloat16 wire
 
 
 Send = Callable[[dict[str, Any]], None]
@@ -140,10 +151,9 @@ class AverageRelay:
                     if rank not in self._alive:
                         return  # not one of this host's ranks: drop the connection
                     self._writers[rank] = (writer, codec)
-                    self._rounds.setdefault(int(body["round"]), _Pending()).pushes[rank] = (
-                        float(body.get("weight", 0.0)),
-                        bytes(body.get("data", b"")),
-                    )
+                    pending = self._rounds.setdefault(int(body["round"]), _Pending())
+                    pending.pushes[rank] = (float(body.get("weight", 0.0)), bytes(body.get("data", b"")))
+                    pending.bf16 = pending.bf16 or bool(body.get("bf16"))
                     self._fold_ready()
         except (wire.Dropped, ConnectionError, KeyError, TypeError, ValueError):
             pass  # a wrong key or a broken frame from loopback: that rank's connection ends
@@ -188,12 +198,19 @@ class AverageRelay:
                 weight += w
         size = next(iter(sizes.values()), 0) // 4
         folded = total if total is not None else np.zeros(size, np.float32)
-        return {"round": round_no, "weight": weight, "data": folded.tobytes()}
+        return {
+            "round": round_no,
+            "weight": weight,
+            "data": encode(folded, pending.bf16),
+            "bf16": pending.bf16,
+        }
 
     def deliver(self, body: dict[str, Any]) -> None:
-        """The controller's average for a round: to every local rank that pushed it."""
+        """The controller's average for a round: to every local rank that pushed it (in float32)."""
         keys = ("round", "weight", "data", "error", "saver")
         frame_body: dict[str, Any] = {k: body[k] for k in keys if k in body}
+        if body.get("bf16") and frame_body.get("data"):
+            frame_body["data"] = encode(decode(frame_body["data"], True), False)
         for writer, codec in list(self._writers.values()):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.write(codec.encode(wire.Kind.AVERAGED, frame_body))

@@ -498,7 +498,7 @@ class Controller:
             self._tell_shutdown(host, pushed.round)
             return
         try:
-            done = self.hub.push(host, pushed.round, pushed.weight, pushed.data)
+            done = self.hub.push(host, pushed.round, pushed.weight, pushed.data, pushed.bf16)
         except Mismatch as exc:
             self._apply(self.window.fail(str(exc), self.clock()))
             return
@@ -507,7 +507,7 @@ class Controller:
 
     def _averaged(self, rounds: list[Averaged]) -> None:
         for done in rounds:
-            body = {"round": done.round, "weight": done.weight, "data": done.data}
+            body = {"round": done.round, "weight": done.weight, "data": done.data, "bf16": done.bf16}
             for host in done.hosts:
                 link = self.links.get(host)
                 if link is not None:

@@ -19,6 +19,29 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def to_bf16(values: np.ndarray) -> bytes:
+    """float32 -> bfloat16 bytes (the top half of each float, rounded to nearest even)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    out = (rounded >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(values)
+    out[nan] = np.uint16(0x7FC0)  # rounding must not turn a NaN into an infinity
+    return out.tobytes()
+
+
+def from_bf16(data: bytes) -> np.ndarray:
+    """bfloat16 bytes -> float32 (exact: bf16 is float32 with the low half zero)."""
+    return (np.frombuffer(data, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def decode(data: bytes, bf16: bool) -> np.ndarray:
+    return from_bf16(data) if bf16 else np.frombuffer(data, dtype=np.float32)
+
+
+def encode(values: np.ndarray, bf16: bool) -> bytes:
+    return to_bf16(values) if bf16 else np.ascontiguousarray(values, dtype=np.float32).tobytes()
+
+
 class Mismatch(Exception):
     """A host's parameters do not line up with the round's (a different model)."""
 
@@ -27,17 +50,19 @@ class Mismatch(Exception):
 class _Round:
     total: np.ndarray
     weight: float
+    bf16: bool
     hosts: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
 class Averaged:
-    """A finished round: what to send back, and to whom."""
+    """A finished round: what to send back, and to whom (``bf16``: in the wire format it came in)."""
 
     round: int
     data: bytes
     hosts: frozenset[str]
     weight: float
+    bf16: bool = False
 
 
 class Hub:
@@ -48,11 +73,18 @@ class Hub:
         self.rounds_done = 0
         self.bytes_in = 0
 
-    def push(self, host: str, round_no: int, weight: float, data: bytes) -> Averaged | None:
-        """One host's folded contribution to a round; the round's average once it is complete."""
-        if len(data) % 4:
-            raise Mismatch(f"{host} sent {len(data)} bytes for round {round_no}: not float32 parameters")
-        size = len(data) // 4
+    def push(
+        self, host: str, round_no: int, weight: float, data: bytes, bf16: bool = False
+    ) -> Averaged | None:
+        """One host's folded contribution to a round; the round's average once it is complete.
+
+        ``bf16``: the parameters came as bfloat16 (half the bytes on the link); the sum is float32.
+        """
+        width = 2 if bf16 else 4
+        if len(data) % width:
+            kind = "bfloat16" if bf16 else "float32"
+            raise Mismatch(f"{host} sent {len(data)} bytes for round {round_no}: not {kind} parameters")
+        size = len(data) // width
         if self._size is None:
             self._size = size
         elif size != self._size:
@@ -63,12 +95,12 @@ class Hub:
             raise Mismatch(f"{host} sent weight {weight} for round {round_no}")
         state = self._rounds.get(round_no)
         if state is None:
-            state = self._rounds[round_no] = _Round(np.zeros(size, dtype=np.float32), 0.0)
+            state = self._rounds[round_no] = _Round(np.zeros(size, dtype=np.float32), 0.0, bf16)
         if host in state.hosts:
             raise Mismatch(f"{host} sent round {round_no} twice")
         state.hosts.add(host)
         if weight > 0:  # a host whose ranks took no step contributes nothing
-            state.total += np.frombuffer(data, dtype=np.float32)
+            state.total += decode(data, bf16)
             state.weight += weight
         self.bytes_in += len(data)
         return self._finish(round_no)
@@ -97,4 +129,6 @@ class Hub:
         self.rounds_done += 1
         if state.weight > 0:
             state.total /= np.float32(state.weight)
-        return Averaged(round_no, state.total.tobytes(), frozenset(state.hosts), state.weight)
+        return Averaged(
+            round_no, encode(state.total, state.bf16), frozenset(state.hosts), state.weight, state.bf16
+        )

@@ -113,6 +113,7 @@ class Average(_Msg):
     weight: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     data: bytes = b""
     error: Short = ""
+    bf16: bool = False  # data is bfloat16 (bf16_wire): half the bytes on the link
 
 
 class Averaged(_Msg):
@@ -121,6 +122,7 @@ class Averaged(_Msg):
     data: bytes = b""
     error: str = ""
     saver: int = -1  # ShutdownWithSave: the rank that writes the checkpoint
+    bf16: bool = False
 
 
 class Stream(_Msg):

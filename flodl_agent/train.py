@@ -39,6 +39,7 @@ class ElCheConfig:
     max_anchor: int = 256
     overhead_target: float = 0.05  # averaging time / compute time the anchor adapts toward
     alpha: float = 0.5  # EASGD elasticity (cpu_async)
+    bf16_wire: bool = False  # cpu plane: parameters cross the link as bfloat16 (half the bytes)
 
     def __post_init__(self) -> None:
         if not 1 <= self.anchor <= self.max_anchor:
@@ -47,6 +48,8 @@ class ElCheConfig:
             raise ValueError(f"alpha must be in (0, 1], not {self.alpha}")
         if self.cadence == "async" and self.plane != "cpu":
             raise ValueError("async blending runs on the cpu plane (cpu_async)")
+        if self.bf16_wire and self.plane != "cpu":
+            raise ValueError("bf16_wire is the cpu plane's wire format; the nccl plane reduces in place")
 
     @classmethod
     def nccl_sync(cls, **knobs: Any) -> ElCheConfig:
@@ -203,7 +206,7 @@ class Trainer:
         if self.config.plane == "cpu":
             from .averaging import Averager
 
-            return Averager().average
+            return Averager(bf16_wire=self.config.bf16_wire).average
         import torch
         import torch.distributed as dist
 

@@ -21,7 +21,7 @@ import torch
 from flodl_agent.averaging import Averager
 
 rank = int(os.environ["RANK"])
-avg = Averager()
+avg = Averager(bf16_wire=sys.argv[2] == "bf16")
 params = [torch.full((3,), float(rank + 1)), torch.full((2, 2), 10.0 * (rank + 1))]
 total = avg.average(params, float(rank + 1))  # weights 1, 2, 3: work-weighted
 second = [torch.full((3,), float(rank)), torch.zeros(2, 2)]
@@ -39,12 +39,14 @@ Averager().average([torch.zeros(4 if rank == 1 else 3)], 1.0)
 """
 
 
-def test_weighted_averaging_across_hosts_through_the_controller(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wire", ["f32", "bf16"])
+def test_weighted_averaging_across_hosts_through_the_controller(tmp_path: Path, wire: str) -> None:
     out = tmp_path / "out"
     out.mkdir()
+    bytes_in: list[int] = []
 
     async def scenario() -> None:
-        ctl = Controller(settings([sys.executable, "-c", SCRIPT, str(out)], quorum=3, target=3))
+        ctl = Controller(settings([sys.executable, "-c", SCRIPT, str(out), wire], quorum=3, target=3))
         await ctl.start()
         logs: list[str] = []
         codes = await walk_ins(ctl, ("box-a", 2), ("box-b", 1), log=logs)
@@ -53,17 +55,21 @@ def test_weighted_averaging_across_hosts_through_the_controller(tmp_path: Path) 
         assert ctl.exit_code == 0
         assert ctl.hub is not None and ctl.hub.rounds_done == 2
         assert ctl.state()["averaging"]["rounds"] == 2
+        bytes_in.append(ctl.hub.bytes_in)
         await ctl.close()
 
     run(scenario)
     results = {int(p.name): json.loads(p.read_text()) for p in out.iterdir()}
     assert sorted(results) == [0, 1, 2]
+    # two hosts, two rounds, 7 parameters each: float32, or half of it as bfloat16
+    assert bytes_in == [2 * 2 * 7 * (2 if wire == "bf16" else 4)]
     mean = (1 * 1 + 2 * 2 + 3 * 3) / 6
+    approx = {"rel": 1e-2} if wire == "bf16" else {}
     for first, block, total, second, total2 in results.values():
-        assert first == pytest.approx([mean] * 3)
-        assert [v for row in block for v in row] == pytest.approx([10 * mean] * 4)
+        assert first == pytest.approx([mean] * 3, **approx)
+        assert [v for row in block for v in row] == pytest.approx([10 * mean] * 4, **approx)
         assert total == 6.0
-        assert second == pytest.approx([1.5] * 3) and total2 == 2.0  # (1 + 2) / 2, rank 0 excluded
+        assert second == pytest.approx([1.5] * 3, **approx) and total2 == 2.0  # (1 + 2) / 2, rank 0 excluded
 
 
 def test_a_parameter_count_mismatch_fails_the_run_naming_the_ranks(tmp_path: Path) -> None:

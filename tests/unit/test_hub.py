@@ -51,3 +51,22 @@ def test_refusals_parameter_count_repeats_and_bad_weights() -> None:
         hub.push("b", 0, float("nan"), f32(1, 2))
     with pytest.raises(Mismatch, match="float32"):
         hub.push("b", 0, 1.0, b"\x00" * 7)
+
+
+def test_bfloat16_wire_matches_torch_rounding_and_halves_the_bytes() -> None:
+    torch = pytest.importorskip("torch")
+    from flodl_agent.hub import from_bf16, to_bf16
+
+    values = np.array([1.0, -2.5, 3.14159, 1e-8, 65504.0, 1.00390625, float("inf"), float("nan")], np.float32)
+    ours = np.frombuffer(to_bf16(values), np.uint16)
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert ours[:-1].tolist() == theirs[:-1].tolist() and np.isnan(from_bf16(ours.tobytes())[-1])
+    assert len(to_bf16(values)) == 2 * len(values)
+
+    hub = Hub({"a", "b"})
+    hub.push("a", 0, 1.0, to_bf16(np.array([1.0, 2.0], np.float32)), bf16=True)
+    done = hub.push("b", 0, 1.0, to_bf16(np.array([3.0, 4.0], np.float32)), bf16=True)
+    assert done is not None and done.bf16 and len(done.data) == 4
+    assert from_bf16(done.data).tolist() == [2.0, 3.0]
+    with pytest.raises(Mismatch, match="not bfloat16"):
+        Hub({"a"}).push("a", 0, 1.0, b"\x00" * 3, bf16=True)

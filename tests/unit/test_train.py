@@ -17,6 +17,8 @@ def test_presets_name_their_plane_and_cadence_and_refuse_nonsense() -> None:
         ElCheConfig.cpu_async(alpha=1.5)
     with pytest.raises(ValueError, match="cpu_async"):
         ElCheConfig("nccl", "async")
+    with pytest.raises(ValueError, match="bf16_wire"):
+        ElCheConfig.nccl_sync(bf16_wire=True)
 
 
 def test_the_slowest_rank_anchors_and_faster_ranks_take_proportionally_more() -> None:
