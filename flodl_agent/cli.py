@@ -274,6 +274,13 @@ def _token_or_exit(option: str | None) -> str | None:
     "through the controller save a checkpoint (ShutdownWithSave) and the run fails.",
 )
 @click.option(
+    "--stall-ceiling",
+    type=click.FloatRange(1, 86400),
+    default=600,
+    show_default=True,
+    help="Seconds an averaging round may wait for its last host before the run ends with ShutdownWithSave.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -288,6 +295,7 @@ def launch(
     plane: str,
     fanout: bool,
     max_failure: str,
+    stall_ceiling: float,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -304,6 +312,7 @@ def launch(
         plane="nccl" if plane == "nccl" else "cpu",
         fanout=fanout,
         max_failure=max_failure,
+        stall_ceiling=stall_ceiling,
     )
     _launch_loaded(loaded, config_file, options, as_json)
 

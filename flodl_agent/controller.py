@@ -86,6 +86,7 @@ class Settings:
     roster: list[str] = field(default_factory=list)  # configured workers, in rank order
     max_failure: str = "0"  # ranks that may fail mid-run: "N", or "P%" of the formed world
     shutdown_grace: float = 60.0  # seconds survivors get to save before the run is aborted
+    stall_ceiling: float = 600.0  # seconds an averaging round may wait for its last host
 
 
 def failure_budget(spec: str, world_size: int) -> int:
@@ -144,6 +145,7 @@ class Controller:
         self.failed_ranks: set[int] = set()  # ranks lost mid-run (evicted within max_failure)
         self._shutdown = ""  # ShutdownWithSave in progress: why
         self._grace: asyncio.TimerHandle | None = None
+        self._stalls: dict[int, asyncio.TimerHandle] = {}  # open averaging rounds: their ceiling
         self.port = settings.port
         self._timer: asyncio.TimerHandle | None = None
         self._server: asyncio.Server | None = None
@@ -170,7 +172,7 @@ class Controller:
         self._apply(self.window.decide(self.clock()))
 
     async def close(self) -> None:
-        for timer in (self._timer, self._grace):
+        for timer in (self._timer, self._grace, *self._stalls.values()):
             if timer is not None:
                 timer.cancel()
         if self._server is not None:
@@ -504,9 +506,26 @@ class Controller:
             return
         if done is not None:
             self._averaged([done])
+        elif pushed.round not in self._stalls:  # the round's first push starts its ceiling
+            self._stalls[pushed.round] = asyncio.get_running_loop().call_later(
+                self.settings.stall_ceiling, self._stalled, pushed.round
+            )
+
+    def _stalled(self, round_no: int) -> None:
+        """A round waited past the ceiling: a host is alive but not averaging (hung, or deadlocked)."""
+        self._stalls.pop(round_no, None)
+        if self.hub is None or self._shutdown or self.window.phase != "training":
+            return
+        missing = ", ".join(sorted(self.hub.missing(round_no))) or "nobody"
+        self._shutdown_with_save(
+            f"averaging round {round_no} stalled for {self.settings.stall_ceiling:g}s waiting on {missing}"
+        )
 
     def _averaged(self, rounds: list[Averaged]) -> None:
         for done in rounds:
+            stall = self._stalls.pop(done.round, None)
+            if stall is not None:
+                stall.cancel()
             body = {"round": done.round, "weight": done.weight, "data": done.data, "bf16": done.bf16}
             for host in done.hosts:
                 link = self.links.get(host)
@@ -588,6 +607,9 @@ class Controller:
             self._apply(self.window.fail(reason, self.clock()))
             return
         self._shutdown = reason
+        for stall in self._stalls.values():
+            stall.cancel()
+        self._stalls.clear()
         saver = min(survivors)
         self.log(f"ShutdownWithSave: {reason}; rank {saver} saves a checkpoint")
         for round_no, hosts in self.hub.shutdown():

@@ -110,6 +110,11 @@ class Hub:
         """Ranks average through the plane (a round finished or is open)."""
         return bool(self.rounds_done or self._rounds)
 
+    def missing(self, round_no: int) -> set[str]:
+        """The training hosts a round still waits for."""
+        state = self._rounds.get(round_no)
+        return set() if state is None else self.training - state.hosts
+
     def shutdown(self) -> list[tuple[int, set[str]]]:
         """Drop the open rounds: (round, hosts that pushed it), to be answered with the shutdown."""
         open_rounds = [(r, set(state.hosts)) for r, state in sorted(self._rounds.items())]

@@ -30,6 +30,7 @@ class LaunchOptions:
     plane: Plane = "cpu"
     fanout: bool = True
     max_failure: str = "0"
+    stall_ceiling: float = 600.0
 
 
 def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]) -> Controller:
@@ -57,6 +58,7 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         run=secrets.token_hex(4),
         roster=[w.host for w in cluster.workers],
         max_failure=options.max_failure,
+        stall_ceiling=options.stall_ceiling,
     )
     return Controller(settings, log=log)
 

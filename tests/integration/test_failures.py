@@ -17,7 +17,7 @@ from .test_control_plane import run, settings, walk_ins
 torch = pytest.importorskip("torch")
 
 SCRIPT = """
-import json, os, sys
+import json, os, sys, time
 import torch
 from flodl_agent.train import ElCheConfig, ShutdownWithSave, Trainer
 
@@ -29,6 +29,8 @@ class Flaky(torch.nn.Linear):
     def forward(self, x):
         Flaky.calls += 1
         if rank == 2 and Flaky.calls == 4:
+            if sys.argv[2] == "hang":
+                time.sleep(600)  # alive, but never averages again
             os._exit(3)  # this rank's box dies mid-run
         return super().forward(x)
 
@@ -45,15 +47,14 @@ open(os.path.join(out, f"done-{rank}"), "w").write(json.dumps([r.weight for r in
 """
 
 
-def launch(tmp_path: Path, max_failure: str) -> tuple[Controller, Path]:
+def launch(tmp_path: Path, max_failure: str, how: str = "die", **knobs: float) -> tuple[Controller, Path]:
     out = tmp_path / "out"
     out.mkdir()
     holder: list[Controller] = []
 
     async def scenario() -> None:
-        ctl = Controller(
-            settings([sys.executable, "-c", SCRIPT, str(out)], quorum=3, target=3, max_failure=max_failure)
-        )
+        command = [sys.executable, "-c", SCRIPT, str(out), how]
+        ctl = Controller(settings(command, quorum=3, target=3, max_failure=max_failure, **knobs))
         holder.append(ctl)
         await ctl.start()
         await walk_ins(ctl, ("box-a", 1), ("box-b", 1), ("box-c", 1))
@@ -88,6 +89,14 @@ def test_beyond_max_failure_the_survivors_save_a_checkpoint_then_the_run_fails(t
     assert set(checkpoint) == {"model", "optimizer", "round", "rank", "world_size"}
     assert checkpoint["rank"] == 0 and checkpoint["world_size"] == 3 and checkpoint["round"] >= 1
     assert not list(out.glob(".checkpoint.pt.*"))  # the temp file was renamed, not left behind
+
+
+def test_a_round_stalled_past_the_ceiling_ends_with_save(tmp_path: Path) -> None:
+    ctl, out = launch(tmp_path, "1", how="hang", stall_ceiling=1.0, shutdown_grace=2.0)
+    assert ctl.exit_code == 1
+    assert "stalled for 1s waiting on box-" in ctl.reason
+    assert "checkpoint saved to" in (out / "shutdown-0").read_text()
+    assert torch.load(out / "checkpoint.pt")["rank"] == 0
 
 
 def test_max_failure_spellings() -> None:
