@@ -139,6 +139,7 @@ class Trainer:
         self.dataset = dataset
         self.checkpoint = Path(checkpoint or os.environ.get("FLODL_CHECKPOINT", "checkpoint.pt"))
         self.reports: list[RoundReport] = []
+        self._owns_group = False  # a process group this Trainer created, and so tears down
         self._batches = self._shard()
         self._average = self._plane()
 
@@ -212,6 +213,7 @@ class Trainer:
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            self._owns_group = True
 
         def collective(tensors: list[Any], weight: float) -> float:
             flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
@@ -231,7 +233,9 @@ class Trainer:
     def fit(self, rounds: int) -> Any:
         import torch
 
-        state = [t for t in self.model.state_dict().values() if t.is_floating_point()]
+        params = [p.data for p in self.model.parameters()]
+        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        state = params + buffers
         anchor, mine, slowest = self.config.anchor, None, None
         for round_no in range(rounds):
             n = batches_for(self.config, anchor, mine, slowest)
@@ -249,14 +253,23 @@ class Trainer:
             # weight: after the weighted average, slot * total weight is that rank's time.
             timing = torch.zeros(self.world, device=self.device)
             timing[self.rank] = compute / n / n
+            # Float buffers (running statistics) are averaged equally among the ranks that
+            # stepped: sent divided by the weight beside a 1/weight count slot, the average
+            # of the buffers over the average of the counts is their plain mean.
+            shared = [b / n for b in buffers]
+            count = torch.full((1,), 1.0 / n, device=self.device)
             before = [t.detach().clone() for t in state] if self.config.cadence == "async" else []
             started = time.perf_counter()
             try:
-                total = self._average([*state, timing], float(n))
+                total = self._average([*params, *shared, count, timing], float(n))
             except Exception as exc:
                 self._shutdown(exc, round_no)
                 raise
             averaging = time.perf_counter() - started
+            if total > 0:
+                with torch.no_grad():
+                    for buffer, mean in zip(buffers, shared, strict=True):
+                        buffer.copy_(mean / count)
             if before:  # EASGD: move alpha of the way toward the average, keep the rest local
                 with torch.no_grad():
                     for t, own in zip(state, before, strict=True):
@@ -265,4 +278,15 @@ class Trainer:
             mine, slowest = times.get(self.rank), max(times.values(), default=None)
             anchor = adapt_anchor(self.config, anchor, compute, averaging)
             self.reports.append(RoundReport(round_no, n, total_loss / n, total, times))
+        self.close()
         return self.model
+
+    def close(self) -> None:
+        """Tear down a process group this Trainer created: every rank past its last collective
+        first (a rank destroying gloo while a peer still sends aborts, torch 2.13)."""
+        if self._owns_group:
+            import torch.distributed as dist
+
+            dist.barrier()
+            dist.destroy_process_group()
+            self._owns_group = False

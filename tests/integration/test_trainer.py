@@ -33,7 +33,12 @@ class Line(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 class Slow(torch.nn.Linear):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.register_buffer("mark", torch.zeros(1))  # a running statistic: each rank's own value
+
     def forward(self, x):
+        self.mark.fill_(float(os.environ["RANK"]) + 1)
         if os.environ["RANK"] == "0":
             time.sleep(0.01)  # a slower device
         return super().forward(x)
@@ -42,7 +47,8 @@ config = getattr(ElCheConfig, sys.argv[2])(anchor=2, max_anchor=32, overhead_tar
 sgd = lambda p: torch.optim.SGD(p, lr=0.2)
 trainer = Trainer(lambda: Slow(1, 1), Line(), sgd, torch.nn.functional.mse_loss, config, batch_size=16)
 model = trainer.fit(rounds=int(sys.argv[3]))
-out = {"w": model.weight.item(), "b": model.bias.item(), "batches": [r.batches for r in trainer.reports],
+out = {"w": model.weight.item(), "b": model.bias.item(), "mark": model.mark.item(),
+       "batches": [r.batches for r in trainer.reports],
        "weight": [r.weight for r in trainer.reports]}
 open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(json.dumps(out))
 """
@@ -79,6 +85,8 @@ def test_every_rank_ends_with_the_same_fitted_model(tmp_path: Path, mode: str) -
         assert isinstance(slow, list) and isinstance(fast, list)
         assert sum(fast[1:]) > 2 * sum(slow[1:])
         assert all(w == s + f for w, s, f in zip(ranks[0]["weight"], slow, fast, strict=True))
+    # parameters are weighted by batches, float buffers averaged equally: (1 + 2) / 2
+    assert ranks[0]["mark"] == pytest.approx(1.5) and ranks[1]["mark"] == pytest.approx(1.5)
 
 
 def test_cpu_async_blends_toward_the_average(tmp_path: Path) -> None:
