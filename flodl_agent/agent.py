@@ -43,6 +43,7 @@ CLEAN, TRANSIENT, PERMANENT = 0, 1, 2
 DIAL_TIMEOUT = 10.0
 TUNNEL_TIMEOUT = 20.0
 KILL_GRACE = 5.0
+HEARTBEAT_EVERY = 5.0  # seconds between beats while ranks train (the controller waits 30 by default)
 CLOSE_TIMEOUT = 10.0
 
 BACKOFF_START = 5.0
@@ -458,6 +459,7 @@ class Attempt:
                 asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, codec, averager))
             )
         abort = asyncio.ensure_future(self._watch_link(reader, codec, relay, averager))
+        beat = asyncio.ensure_future(_heartbeat(writer, codec))
         try:
             pending: set[asyncio.Future[Any]] = {abort, *ranks}
             while abort in pending and len(pending) > 1:
@@ -476,6 +478,7 @@ class Attempt:
                 drained.cancel()
         finally:
             abort.cancel()
+            beat.cancel()
             await relay.close()
             await averager.close()
             del store
@@ -554,6 +557,13 @@ class Attempt:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
+
+
+async def _heartbeat(writer: asyncio.StreamWriter, codec: wire.Codec) -> None:
+    """Tell the controller this host is alive while its ranks train (its watchdog's input)."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_EVERY)  # the beat's period
+        writer.write(codec.encode(wire.Kind.HEARTBEAT, {}))
 
 
 async def output_lines(stream: asyncio.StreamReader, longest: int = 16384) -> AsyncIterator[str]:

@@ -67,6 +67,8 @@ class Link:
     peer: str
     ranks: range | None = None  # its share of the formed world
     exited: dict[int, int] = field(default_factory=dict)
+    seen: float = 0.0  # when its last frame arrived (the heartbeat watchdog reads it)
+    silent: bool = False  # cut by the watchdog: its end says why
 
     def send(self, kind: wire.Kind, body: dict[str, Any]) -> None:
         self.writer.write(self.codec.encode(kind, body))
@@ -87,6 +89,7 @@ class Settings:
     max_failure: str = "0"  # ranks that may fail mid-run: "N", or "P%" of the formed world
     shutdown_grace: float = 60.0  # seconds survivors get to save before the run is aborted
     stall_ceiling: float = 600.0  # seconds an averaging round may wait for its last host
+    heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
 
 
 def failure_budget(spec: str, world_size: int) -> int:
@@ -245,7 +248,11 @@ class Controller:
             json.loads(self._host_json(self.links[r.host], r.start)) for r in ranges if r.host in self.links
         ]
         self._roster = None  # the final ranks replace the provisional ones
+        now = self.clock()
+        for link in self.links.values():
+            link.seen = now
         self._spawn(self._ship(ranges, common))
+        self._spawn(self._watch_heartbeats())
 
     async def _ship(self, ranges: list[RankRange], common: dict[str, Any]) -> None:
         """Send every host its share of the world, yielding to other work between batches."""
@@ -269,6 +276,24 @@ class Controller:
             self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
             return
         self.log(f"world formed: {common['world_size']} ranks on {len(ranges)} hosts; training")
+
+    async def _watch_heartbeats(self) -> None:
+        """The backstop behind exit reports and link ends: a training host that sends
+        nothing (a frozen agent, a partition without a reset) is cut off."""
+        timeout = self.settings.heartbeat_timeout
+        while self.window.phase == "training":
+            with contextlib.suppress(TimeoutError):  # the watchdog's period; the run's end stops it at once
+                await asyncio.wait_for(self.finished.wait(), timeout / 4)
+            if self.window.phase != "training":
+                return
+            now = self.clock()
+            for link in list(self.links.values()):
+                if now - link.seen > timeout and not link.silent:
+                    link.silent = True
+                    self.log(
+                        f"host {link.hello.host} sent nothing for {now - link.seen:.0f}s; cutting its link"
+                    )
+                    link.writer.close()
 
     def _fail(self, reason: str) -> None:
         self.log(f"run failed: {reason}")
@@ -435,6 +460,9 @@ class Controller:
                 frame = await self._read_frame(reader, link.codec)
                 if frame is None:
                     break
+                link.seen = self.clock()
+                if frame.kind is wire.Kind.HEARTBEAT:
+                    continue
                 if frame.kind is wire.Kind.STREAM:
                     self._route(host, frame)
                     continue
@@ -564,9 +592,12 @@ class Controller:
         if phase == "training" and running > 0:
             # A host that leaves with ranks still running has died, not finished.
             lost = set(link.ranks or ()) - set(link.exited)
-            if not self._rank_failed(
-                f"host {host} closed its link with {running} rank(s) still running", lost
-            ):
+            why = (
+                f"host {host} went silent (no heartbeat for {self.settings.heartbeat_timeout:g}s)"
+                if link.silent
+                else f"host {host} closed its link"
+            )
+            if not self._rank_failed(f"{why} with {running} rank(s) still running", lost):
                 return
         self.log(f"host {host} closed its link")
         self._apply(self.window.leave(host, self.clock()))

@@ -105,3 +105,31 @@ def test_max_failure_spellings() -> None:
     for bad in ("-1", "x", "150%", "2.5"):
         with pytest.raises(ValueError, match="max_failure"):
             parse_max_failure(bad)
+
+
+SLEEPY = [sys.executable, "-c", "import time; time.sleep(2)"]
+
+
+def test_a_host_that_goes_silent_is_cut_off_and_one_that_beats_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flodl_agent import agent as agent_module
+
+    def launched(beat: float) -> Controller:
+        monkeypatch.setattr(agent_module, "HEARTBEAT_EVERY", beat)
+        holder: list[Controller] = []
+
+        async def scenario() -> None:
+            ctl = Controller(settings(SLEEPY, quorum=1, target=1, heartbeat_timeout=0.6))
+            holder.append(ctl)
+            await ctl.start()
+            await walk_ins(ctl, ("box-a", 1))
+            await ctl.finished.wait()
+            await ctl.close()
+
+        run(scenario)
+        return holder[0]
+
+    assert launched(0.1).exit_code == 0  # beating: the 2 s rank finishes
+    frozen = launched(3600)  # a frozen agent: cut off long before its rank would finish
+    assert frozen.exit_code == 1 and "box-a went silent (no heartbeat for 0.6s)" in frozen.reason
