@@ -158,7 +158,12 @@ class StreamRelay:
             if self._store_port is None:
                 self._send(sid, b"", True)  # no store on this host: refuse the stream
                 return
-            self._spawn(self._open_to_store(sid, data))
+            # Hold the id now, not when the task starts: the link may deliver the stream's
+            # next frames before the task runs, and they must queue behind this one
+            # (a second connection to the store would split the stream).
+            pending = _Pending([data])
+            self._writers[sid] = pending
+            self._spawn(self._open_to_store(sid, pending))
             return
         if writer is None:
             return  # a stream this side already closed
@@ -168,11 +173,8 @@ class StreamRelay:
             self._forget(sid)
             writer.close()
 
-    async def _open_to_store(self, sid: int, first: bytes) -> None:
+    async def _open_to_store(self, sid: int, pending: _Pending) -> None:
         assert self._store_port is not None
-        # Hold the id before the first await: frames that follow queue behind this one.
-        pending = _Pending([first])
-        self._writers[sid] = pending
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", self._store_port)
         except OSError:

@@ -210,9 +210,20 @@ def test_probe_yml_finds_every_box_ready_then_names_a_dead_data_mount(lab: dict[
         assert on(WORKERS[1], "systemctl", "restart", "flodl-join.service").returncode == 0
 
 
+def journals(since: str = "-10min") -> str:
+    """What the workers' join units said lately: the agents' side of a failed run."""
+    return "\n".join(
+        f"--- {w}\n"
+        + on(w, "journalctl", "-u", "flodl-join.service", "--since", since, "--no-pager", "-o", "cat").stdout[
+            -3000:
+        ]
+        for w in WORKERS
+    )
+
+
 def test_a_run_walks_both_workers_in_through_the_door(lab: dict[str, str]) -> None:
     run = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
-    assert run.returncode == 0, run.stdout[-4000:]
+    assert run.returncode == 0, run.stdout[-3000:] + journals()
     assert "run complete: every host link closed" in run.stdout
     for worker in WORKERS:
         assert f"admitted {worker}" in run.stdout

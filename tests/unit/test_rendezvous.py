@@ -39,3 +39,34 @@ def test_a_departed_host_hands_back_its_store_side_ids() -> None:
     assert set(router.drop_host("b")) == gids
     assert router.from_store(kept, end=False) == ("c", 0)
     assert router.drop_host("b") == []
+
+
+def test_frames_that_arrive_before_the_store_connection_opens_queue_on_one_connection() -> None:
+    import asyncio
+
+    from flodl_agent.rendezvous import StreamRelay
+
+    async def scenario() -> tuple[int, bytes]:
+        connections: list[bytes] = []
+        got_all = asyncio.Event()
+
+        async def store(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(b"")
+            data = await reader.readexactly(9)
+            connections[-1] = data
+            got_all.set()
+            writer.close()
+
+        server = await asyncio.start_server(store, "127.0.0.1", 0)
+        relay = StreamRelay(lambda sid, data, end: None, store_port=server.sockets[0].getsockname()[1])
+        # three frames of one stream, fed back to back as one read of the link delivers them
+        relay.feed(7, b"abc", False)
+        relay.feed(7, b"def", False)
+        relay.feed(7, b"ghi", False)
+        await asyncio.wait_for(got_all.wait(), 10)
+        await relay.close()
+        server.close()
+        return len(connections), connections[0]
+
+    count, data = asyncio.run(scenario())
+    assert (count, data) == (1, b"abcdefghi")
