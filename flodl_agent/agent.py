@@ -401,10 +401,8 @@ class Attempt:
                 env["FLODL_DATA_PATH"] = self.options.data_path
             for key, value in ifnames.items():
                 env.setdefault(key, value)  # an explicit env: entry wins
-            if mine.count > 1:
-                env.setdefault(
-                    "OMP_NUM_THREADS", "1"
-                )  # torchrun's default: ranks must not oversubscribe the box
+            if mine.count > 1:  # torchrun's default: ranks sharing a box must not oversubscribe it
+                env.setdefault("OMP_NUM_THREADS", "1")
             if device.startswith("cuda:"):
                 env["CUDA_VISIBLE_DEVICES"] = device.split(":")[1]
             envs.append(env)
