@@ -1,11 +1,11 @@
 """The CPU plane's averaging bandwidth against gloo's all_reduce, same tensors, same run.
 
-For 2 and 4 ranks (one host each, every push crossing a control link) and
-models of 1, 64 and 256 MB of float32 (512 MB needs frames split below the
-link's 512 MiB cap, which the plane does not do yet): seconds per averaging round through
-the controller (float32 and bf16_wire), and per `all_reduce` with gloo on
-loopback; effective bandwidth = model bytes / seconds per round. The machine's
-memory-copy bandwidth is printed beside them. `--quick`: 2 ranks, 1 and 64 MB.
+For 2 and 4 ranks (one host each: an agent process per host, every push
+crossing its control link) and models of 1, 64 and 512 MB of float32:
+seconds per averaging round through the controller (float32 and bf16_wire),
+and per `all_reduce` with gloo on loopback; effective bandwidth = model bytes
+/ seconds per round. The machine's memory-copy bandwidth is printed beside
+them. `--quick`: 2 ranks, 1 and 64 MB.
 
 The last line is one JSON object; `ratio` is the hub over gloo at 64 MB, 2 ranks.
 """
@@ -63,10 +63,21 @@ dist.destroy_process_group()
 """
 
 
+AGENT = """
+import asyncio, sys
+from flodl_agent.agent import AgentOptions, join_once
+from flodl_agent.config import DeviceOffer
+
+options = AgentOptions(controller_port=int(sys.argv[1]), host=sys.argv[2], devices=DeviceOffer("cpu", cpus=1))
+sys.exit(asyncio.run(join_once(options, lambda _: None)))
+"""
+
+
 def hub(ranks: int, numel: int, bf16: bool) -> float:
-    """Seconds per round through the controller (the slowest rank's)."""
-    from flodl_agent.agent import AgentOptions, join_once
-    from flodl_agent.config import DeviceOffer
+    """Seconds per round through the controller (the slowest rank's).
+
+    The controller runs here; each host's agent in a process of its own, as on a real fleet.
+    """
     from flodl_agent.controller import Controller, Settings
     from flodl_agent.window import WindowConfig
 
@@ -76,11 +87,11 @@ def hub(ranks: int, numel: int, bf16: bool) -> float:
     async def run() -> None:
         ctl = Controller(Settings(WindowConfig(ranks, ranks, 60.0, 120.0, "auto"), command=command, port=0))
         await ctl.start()
-        options = [
-            AgentOptions(controller_port=ctl.port, host=f"h{i}", devices=DeviceOffer("cpu", cpus=1))
+        agents = [
+            await asyncio.create_subprocess_exec(sys.executable, "-c", AGENT, str(ctl.port), f"h{i}")
             for i in range(ranks)
         ]
-        codes = await asyncio.gather(*(join_once(o, lambda _: None) for o in options))
+        codes = [await a.wait() for a in agents]
         await ctl.finished.wait()
         await ctl.close()
         if codes != [0] * ranks:
@@ -129,7 +140,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    sizes_mb = [1, 64] if args.quick else [1, 64, 256]
+    sizes_mb = [1, 64] if args.quick else [1, 64, 512]
     world_sizes = [2] if args.quick else [2, 4]
     rows = []
     for ranks in world_sizes:

@@ -28,8 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import wire
 from .averaging import DATA_MAX, AverageRelay
-from .averaging import ENV_KEY as AVERAGE_KEY
-from .averaging import ENV_PORT as AVERAGE_PORT
 from .config.devices import DeviceOffer
 from .config.models import Ssh
 from .errors import Failure
@@ -242,7 +240,8 @@ class Attempt:
             frame = codec.next_frame()
             if frame is not None:
                 return frame
-            data = await asyncio.wait_for(reader.read(65536), timeout)
+            # A frame's size is known from its header: read it in large pieces.
+            data = await asyncio.wait_for(reader.read(max(65536, min(codec.wanted, 1 << 24))), timeout)
             if not data:
                 raise AgentFailure("the controller closed the connection")
             codec.feed(data)
@@ -250,7 +249,9 @@ class Attempt:
     async def run(self, dial_host: str, dial_port: int) -> int:
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(dial_host, dial_port), DIAL_TIMEOUT
+                # A large buffer: the link brings the CPU plane's averages, hundreds of MB a round.
+                asyncio.open_connection(dial_host, dial_port, limit=1 << 22),
+                DIAL_TIMEOUT,
             )
         except (OSError, TimeoutError) as exc:
             raise AgentFailure(
@@ -431,11 +432,13 @@ class Attempt:
             f"[{mine.first_rank}..{mine.first_rank + mine.count})"
         )
         relay, store, store_port = await self._rendezvous(world, writer, codec)
-        averager = AverageRelay(
-            list(range(mine.first_rank, mine.first_rank + mine.count)),
-            lambda body: writer.write(codec.encode(wire.Kind.AVERAGE, body)),
-        )
-        plane = {AVERAGE_PORT: str(await averager.listen()), AVERAGE_KEY: averager.key.hex()}
+
+        def push(body: dict[str, Any], blob: wire.Blob) -> None:
+            for part in codec.encode_parts(wire.Kind.AVERAGE, body, blob):
+                writer.write(part)  # one write per part: the parameters are never joined into a copy
+
+        averager = AverageRelay(list(range(mine.first_rank, mine.first_rank + mine.count)), push)
+        plane = averager.env(await averager.listen())
         ranks = []
         for local, env in enumerate(self.rank_env(world, road, store_port, plane)):
             try:
@@ -447,6 +450,8 @@ class Attempt:
                     start_new_session=True,
                 )
             except OSError as exc:
+                await relay.close()
+                await averager.close()  # its shared-memory directory goes with it
                 raise AgentFailure(
                     f"cannot start the entry point {command[0]}: {exc.strerror}",
                     "check --bin / the launch command on this box",
@@ -531,7 +536,8 @@ class Attempt:
     ) -> str:
         while True:
             try:
-                message = parse_message(await self._frame(reader, codec, None))
+                frame = await self._frame(reader, codec, None)
+                message = parse_message(frame)
             except (AgentFailure, ConnectionError, BadMessage):
                 return "the controller went away mid-run"
             except wire.Dropped as exc:
@@ -539,7 +545,7 @@ class Attempt:
             if isinstance(message, Stream):
                 relay.feed(message.id, message.data, message.end)
             elif isinstance(message, Averaged):
-                averager.deliver(message.model_dump())
+                averager.deliver(message.model_dump(), frame.blob)
             elif isinstance(message, Abort):
                 return f"the controller aborted the run: {message.reason}"
 

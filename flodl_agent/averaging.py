@@ -1,22 +1,33 @@
 """The CPU plane on a worker: a rank's :class:`Averager` and the agent's :class:`AverageRelay`.
 
-A rank hands its parameters and its weight (its realized steps) to
-``Averager.average``; they travel as raw float32 bytes (no pickling), already
-multiplied by the weight, to its agent on loopback. The agent's relay folds
-its host's ranks into one frame per round and sends it up its control link;
-the controller's hub (:mod:`flodl_agent.hub`) divides once by the accepted
-weight and the average comes back the same way. Ranks with weight 0 (no step
-taken) are excluded from the average and still receive it.
+A rank writes its parameters, already multiplied by its weight (its realized
+steps), as raw float32 into its own shared-memory segment and tells its agent
+so on loopback (a small authenticated frame). The agent's relay folds its
+host's ranks into one frame per round — straight from the segments, no copy
+for a host with one rank — and sends it up its control link; the controller's
+hub (:mod:`flodl_agent.hub`) divides once by the accepted weight, and the
+average comes back into one shared segment that every local rank copies from.
+Ranks with weight 0 (no step taken) are excluded from the average and still
+receive it. Nothing is pickled; parameters never cross loopback as bytes.
+
+The segments live in a private directory (mode 0700) the agent creates under
+``/dev/shm`` and removes when the run ends; the agent derives every path from
+a rank number it owns, never from what a frame says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
+import shutil
 import socket
+import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +35,14 @@ import numpy as np
 from . import wire
 from .hub import decode, encode
 
-DATA_MAX = 512 * 1024 * 1024  # one frame of parameters: a 128M-parameter model in float32
-ENV_PORT, ENV_KEY = "FLODL_AVERAGE_PORT", "FLODL_AVERAGE_KEY"
+DATA_MAX = 1 << 30  # one frame of parameters: a 256M-parameter model in float32 (plus its map)
+ENV_PORT, ENV_KEY, ENV_DIR = "FLODL_AVERAGE_PORT", "FLODL_AVERAGE_KEY", "FLODL_AVERAGE_DIR"
+LOOPBACK_MAX = 64 * 1024  # loopback frames carry no parameters
+AVERAGE_FILE = "average"
+
+
+def segment_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank-{rank}"
 
 
 class AveragingError(RuntimeError):
@@ -39,18 +56,63 @@ class AveragingError(RuntimeError):
         self.saver = saver
 
 
+class _Mapped:
+    """A file mapped whole, remapped when its size changes (``writable``: this side resizes it)."""
+
+    def __init__(self, path: Path, writable: bool) -> None:
+        self.path, self.writable = path, writable
+        self.map: mmap.mmap | None = None
+        self.array: np.ndarray = np.empty(0, np.float32)
+
+    def view(self, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` as float32 (``writable``: the file is sized to exactly that first)."""
+        if self.map is None or len(self.map) != nbytes:
+            self.close()
+            flags = os.O_RDWR | os.O_CREAT if self.writable else os.O_RDONLY
+            fd = os.open(self.path, flags, 0o600)
+            try:
+                if self.writable:
+                    os.ftruncate(fd, nbytes)
+                elif os.fstat(fd).st_size != nbytes:
+                    # Mapping past the end of a file faults on access: check before touching it.
+                    raise ValueError(f"{self.path.name} holds {os.fstat(fd).st_size} bytes, not {nbytes}")
+                if nbytes:
+                    access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+                    self.map = mmap.mmap(fd, nbytes, access=access)
+                    self.array = np.frombuffer(self.map, dtype=np.float32)
+            finally:
+                os.close(fd)
+        return self.array
+
+    def close(self) -> None:
+        self.array = np.empty(0, np.float32)
+        if self.map is not None:
+            with contextlib.suppress(BufferError):  # a view still exported: the map goes with it
+                self.map.close()
+            self.map = None
+
+
 class Averager:
     """A rank's handle on the CPU plane (blocking; one call per round, in step with the other ranks)."""
 
-    def __init__(self, port: int | None = None, key: bytes | None = None, bf16_wire: bool = False) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        key: bytes | None = None,
+        bf16_wire: bool = False,
+        directory: str | None = None,
+    ) -> None:
         """``bf16_wire``: the host's frames travel to the controller as bfloat16 (half the
-        bytes; the sum stays float32). Loopback to the agent is float32 either way."""
+        bytes; the sum stays float32). The segments on this host are float32 either way."""
         self.bf16_wire = bf16_wire
         port = port if port is not None else int(os.environ[ENV_PORT])
         key = key if key is not None else bytes.fromhex(os.environ[ENV_KEY])
+        where = Path(directory if directory is not None else os.environ[ENV_DIR])
         self.rank = int(os.environ.get("RANK", "0"))
         self._sock = socket.create_connection(("127.0.0.1", port))
-        self._codec = wire.Codec(key, max_payload=DATA_MAX)
+        self._codec = wire.Codec(key, max_payload=LOOPBACK_MAX)
+        self._mine = _Mapped(segment_path(where, self.rank), writable=True)
+        self._average = _Mapped(where / AVERAGE_FILE, writable=False)
         self.round = 0
 
     def average(self, tensors: list[Any], weight: float) -> float:
@@ -61,13 +123,21 @@ class Averager:
         """
         import torch
 
-        flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors])
-        scaled = (flat * float(weight)).numpy() if weight > 0 else np.zeros(flat.numel(), np.float32)
+        size = 4 * sum(t.numel() for t in tensors)
+        if weight > 0:
+            segment = torch.from_numpy(self._mine.view(size))
+            offset = 0
+            with torch.no_grad():
+                for t in tensors:
+                    n = t.numel()
+                    flat = t.detach().reshape(-1).to("cpu", torch.float32)
+                    torch.mul(flat, float(weight), out=segment[offset : offset + n])
+                    offset += n
         body = {
             "round": self.round,
             "rank": self.rank,
             "weight": float(weight),
-            "data": scaled.tobytes(),
+            "size": size,
             "bf16": self.bf16_wire,
         }
         self._sock.sendall(self._codec.encode(wire.Kind.AVERAGE, body))
@@ -80,12 +150,18 @@ class Averager:
         self.round += 1
         total = float(reply.get("weight", 0.0))
         if total > 0:
-            averaged = torch.frombuffer(bytearray(reply["data"]), dtype=torch.float32)
+            try:
+                averaged = self._average.view(size)
+            except (OSError, ValueError) as exc:
+                raise AveragingError(f"the host's average cannot be read: {exc}") from None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a read-only map: it is only read from
+                source = torch.from_numpy(averaged)
             offset = 0
             with torch.no_grad():
                 for t in tensors:
                     n = t.numel()
-                    t.copy_(averaged[offset : offset + n].view_as(t).to(t.dtype))
+                    t.copy_(source[offset : offset + n].view_as(t))
                     offset += n
         return total
 
@@ -94,43 +170,56 @@ class Averager:
             frame = self._codec.next_frame()
             if frame is not None:
                 return frame.body
-            data = self._sock.recv(1 << 20)
+            data = self._sock.recv(65536)
             if not data:
                 raise AveragingError("the agent closed the averaging connection (the run ended)")
             self._codec.feed(data)
 
     def close(self) -> None:
         self._sock.close()
+        self._mine.close()
+        self._average.close()
 
 
 @dataclass
 class _Pending:
-    pushes: dict[int, tuple[float, bytes]] = field(default_factory=dict)  # rank -> (weight, data)
+    pushes: dict[int, tuple[float, int]] = field(default_factory=dict)  # rank -> (weight, size in bytes)
     bf16: bool = False  # a rank asked for the bfloat16 wire
 
 
-Send = Callable[[dict[str, Any]], None]
+Send = Callable[[dict[str, Any], wire.Blob], None]
 
 
 class AverageRelay:
     """The agent's end: ranks on loopback, one folded frame per round up the link.
 
-    ``send`` puts a body on the control link (an ``AVERAGE`` frame). A round is
-    folded once every local rank still running has pushed it.
+    ``send`` puts a body and its raw bytes on the control link (an ``AVERAGE``
+    frame). A round is folded once every local rank still running has pushed it.
     """
 
     def __init__(self, ranks: list[int], send: Send) -> None:
         self.key = os.urandom(wire.KEY_BYTES)
+        shm = "/dev/shm"
+        self.directory = Path(
+            tempfile.mkdtemp(prefix="flodl-plane-", dir=shm if os.access(shm, os.W_OK) else None)
+        )
         self._alive = set(ranks)
         self._send = send
         self._rounds: dict[int, _Pending] = {}
+        self._segments = {rank: _Mapped(segment_path(self.directory, rank), writable=False) for rank in ranks}
+        self._average = _Mapped(self.directory / AVERAGE_FILE, writable=True)
+        self._sum = np.empty(0, np.float32)
         self._writers: dict[int, tuple[asyncio.StreamWriter, wire.Codec]] = {}
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
 
+    def env(self, port: int) -> dict[str, str]:
+        """What a rank needs to reach the plane (its environment)."""
+        return {ENV_PORT: str(port), ENV_KEY: self.key.hex(), ENV_DIR: str(self.directory)}
+
     async def listen(self) -> int:
-        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0, limit=1 << 20)
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -138,10 +227,10 @@ class AverageRelay:
         if task is not None:
             self._handlers.add(task)
         self._conns.add(writer)
-        codec = wire.Codec(self.key, max_payload=DATA_MAX)
+        codec = wire.Codec(self.key, max_payload=LOOPBACK_MAX)
         rank: int | None = None
         try:
-            while data := await reader.read(1 << 20):
+            while data := await reader.read(65536):
                 codec.feed(data)
                 for frame in codec.frames():
                     if frame.kind is not wire.Kind.AVERAGE:
@@ -152,7 +241,7 @@ class AverageRelay:
                         return  # not one of this host's ranks: drop the connection
                     self._writers[rank] = (writer, codec)
                     pending = self._rounds.setdefault(int(body["round"]), _Pending())
-                    pending.pushes[rank] = (float(body.get("weight", 0.0)), bytes(body.get("data", b"")))
+                    pending.pushes[rank] = (float(body.get("weight", 0.0)), int(body.get("size", 0)))
                     pending.bf16 = pending.bf16 or bool(body.get("bf16"))
                     self._fold_ready()
         except (wire.Dropped, ConnectionError, KeyError, TypeError, ValueError):
@@ -176,44 +265,50 @@ class AverageRelay:
             if not self._alive <= pending.pushes.keys():
                 return  # rounds are folded in order
             del self._rounds[round_no]
-            self._send(self._fold(round_no, pending))
+            body, blob = self._fold(round_no, pending)
+            self._send(body, blob)
 
-    @staticmethod
-    def _fold(round_no: int, pending: _Pending) -> dict[str, Any]:
-        sizes = {rank: len(data) for rank, (_, data) in pending.pushes.items()}
+    def _fold(self, round_no: int, pending: _Pending) -> tuple[dict[str, Any], wire.Blob]:
+        sizes = {rank: size for rank, (_, size) in pending.pushes.items()}
         if len(set(sizes.values())) > 1:
             ordered = sorted(sizes.items(), key=lambda kv: kv[1])
             (a, na), (b, nb) = ordered[0], ordered[-1]
-            return {
-                "round": round_no,
-                "error": f"parameter count mismatch: rank {a} averages {na // 4} parameters, "
-                f"rank {b} {nb // 4}",
-            }
-        total = None
+            error = f"parameter count mismatch: rank {a} averages {na // 4} parameters, rank {b} {nb // 4}"
+            return {"round": round_no, "error": error}, b""
+        size = next(iter(sizes.values()), 0)
+        if size % 4:
+            return {"round": round_no, "error": f"a rank pushed {size} bytes: not float32 parameters"}, b""
+        parts = []
         weight = 0.0
-        for w, data in pending.pushes.values():
-            if w > 0:
-                part = np.frombuffer(data, dtype=np.float32)
-                total = part.copy() if total is None else total + part
-                weight += w
-        size = next(iter(sizes.values()), 0) // 4
-        folded = total if total is not None else np.zeros(size, np.float32)
-        return {
-            "round": round_no,
-            "weight": weight,
-            "data": encode(folded, pending.bf16),
-            "bf16": pending.bf16,
-        }
+        try:
+            for rank, (w, _) in sorted(pending.pushes.items()):
+                if w > 0:
+                    parts.append(self._segments[rank].view(size))
+                    weight += w
+        except (OSError, ValueError) as exc:
+            return {"round": round_no, "error": f"a rank's segment cannot be read: {exc}"}, b""
+        if not parts:
+            folded = np.zeros(size // 4, np.float32)
+        elif len(parts) == 1:
+            folded = parts[0]  # one rank stepped: its segment is the host's sum
+        else:
+            if len(self._sum) != size // 4:
+                self._sum = np.empty(size // 4, np.float32)
+            folded = np.add(parts[0], parts[1], out=self._sum)
+            for part in parts[2:]:
+                np.add(folded, part, out=folded)
+        body = {"round": round_no, "weight": weight, "bf16": pending.bf16}
+        return body, encode(folded, pending.bf16)
 
-    def deliver(self, body: dict[str, Any]) -> None:
-        """The controller's average for a round: to every local rank that pushed it (in float32)."""
-        keys = ("round", "weight", "data", "error", "saver")
-        frame_body: dict[str, Any] = {k: body[k] for k in keys if k in body}
-        if body.get("bf16") and frame_body.get("data"):
-            frame_body["data"] = encode(decode(frame_body["data"], True), False)
+    def deliver(self, body: dict[str, Any], blob: wire.Blob) -> None:
+        """The controller's average for a round: into the shared average, then word to every local rank."""
+        reply: dict[str, Any] = {k: body[k] for k in ("round", "weight", "error", "saver") if k in body}
+        if len(blob):
+            values = decode(blob, bool(body.get("bf16")))
+            np.copyto(self._average.view(4 * len(values)), values)
         for writer, codec in list(self._writers.values()):
             with contextlib.suppress(ConnectionError, RuntimeError):
-                writer.write(codec.encode(wire.Kind.AVERAGED, frame_body))
+                writer.write(codec.encode(wire.Kind.AVERAGED, reply))
 
     async def close(self) -> None:
         if self._server is not None:
@@ -222,3 +317,6 @@ class AverageRelay:
         for writer in list(self._conns):
             writer.close()
         await asyncio.gather(*self._handlers, return_exceptions=True)
+        for segment in (*self._segments.values(), self._average):
+            segment.close()
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -70,8 +70,9 @@ class Link:
     seen: float = 0.0  # when its last frame arrived (the heartbeat watchdog reads it)
     silent: bool = False  # cut by the watchdog: its end says why
 
-    def send(self, kind: wire.Kind, body: dict[str, Any]) -> None:
-        self.writer.write(self.codec.encode(kind, body))
+    def send(self, kind: wire.Kind, body: dict[str, Any], blob: wire.Blob = b"") -> None:
+        for part in self.codec.encode_parts(kind, body, blob):
+            self.writer.write(part)  # one write per part: the parameters are never joined into a copy
 
 
 @dataclass
@@ -357,7 +358,8 @@ class Controller:
             frame = codec.next_frame()
             if frame is not None:
                 return frame
-            data = await reader.read(65536)
+            # A frame's size is known from its header: read it in large pieces.
+            data = await reader.read(max(65536, min(codec.wanted, 1 << 24)))
             if not data:
                 return None
             codec.feed(data)
@@ -528,7 +530,7 @@ class Controller:
             self._tell_shutdown(host, pushed.round)
             return
         try:
-            done = self.hub.push(host, pushed.round, pushed.weight, pushed.data, pushed.bf16)
+            done = self.hub.push(host, pushed.round, pushed.weight, frame.blob, pushed.bf16)
         except Mismatch as exc:
             self._apply(self.window.fail(str(exc), self.clock()))
             return
@@ -554,11 +556,11 @@ class Controller:
             stall = self._stalls.pop(done.round, None)
             if stall is not None:
                 stall.cancel()
-            body = {"round": done.round, "weight": done.weight, "data": done.data, "bf16": done.bf16}
+            body = {"round": done.round, "weight": done.weight, "bf16": done.bf16}
             for host in done.hosts:
                 link = self.links.get(host)
                 if link is not None:
-                    link.send(wire.Kind.AVERAGED, body)
+                    link.send(wire.Kind.AVERAGED, body, done.data)
 
     def _register(self, link: Link, first: int) -> None:
         self.links[link.hello.host] = link

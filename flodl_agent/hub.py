@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+Blob = bytes | bytearray | memoryview
+
 
 def to_bf16(values: np.ndarray) -> bytes:
     """float32 -> bfloat16 bytes (the top half of each float, rounded to nearest even)."""
@@ -29,17 +31,20 @@ def to_bf16(values: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-def from_bf16(data: bytes) -> np.ndarray:
+def from_bf16(data: Blob) -> np.ndarray:
     """bfloat16 bytes -> float32 (exact: bf16 is float32 with the low half zero)."""
     return (np.frombuffer(data, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def decode(data: bytes, bf16: bool) -> np.ndarray:
+def decode(data: Blob, bf16: bool) -> np.ndarray:
     return from_bf16(data) if bf16 else np.frombuffer(data, dtype=np.float32)
 
 
-def encode(values: np.ndarray, bf16: bool) -> bytes:
-    return to_bf16(values) if bf16 else np.ascontiguousarray(values, dtype=np.float32).tobytes()
+def encode(values: np.ndarray, bf16: bool) -> Blob:
+    """The wire's bytes for ``values``: a view of them in float32 (no copy), or bfloat16."""
+    if bf16:
+        return to_bf16(values)
+    return np.ascontiguousarray(values, dtype=np.float32).data.cast("B")
 
 
 class Mismatch(Exception):
@@ -56,10 +61,13 @@ class _Round:
 
 @dataclass(frozen=True)
 class Averaged:
-    """A finished round: what to send back, and to whom (``bf16``: in the wire format it came in)."""
+    """A finished round: what to send back, and to whom (``bf16``: in the wire format it came in).
+
+    ``data`` may be a view of the hub's buffer: send it before the next push.
+    """
 
     round: int
-    data: bytes
+    data: Blob
     hosts: frozenset[str]
     weight: float
     bf16: bool = False
@@ -72,9 +80,10 @@ class Hub:
         self._size: int | None = None  # parameters per round, fixed by the first push
         self.rounds_done = 0
         self.bytes_in = 0
+        self._spare: np.ndarray | None = None  # a finished round's buffer, reused (fresh pages cost faults)
 
     def push(
-        self, host: str, round_no: int, weight: float, data: bytes, bf16: bool = False
+        self, host: str, round_no: int, weight: float, data: Blob, bf16: bool = False
     ) -> Averaged | None:
         """One host's folded contribution to a round; the round's average once it is complete.
 
@@ -95,7 +104,13 @@ class Hub:
             raise Mismatch(f"{host} sent weight {weight} for round {round_no}")
         state = self._rounds.get(round_no)
         if state is None:
-            state = self._rounds[round_no] = _Round(np.zeros(size, dtype=np.float32), 0.0, bf16)
+            total = self._spare if self._spare is not None and len(self._spare) == size else None
+            self._spare = None
+            if total is None:
+                total = np.zeros(size, dtype=np.float32)
+            else:
+                total.fill(0.0)
+            state = self._rounds[round_no] = _Round(total, 0.0, bf16)
         if host in state.hosts:
             raise Mismatch(f"{host} sent round {round_no} twice")
         state.hosts.add(host)
@@ -134,6 +149,7 @@ class Hub:
         self.rounds_done += 1
         if state.weight > 0:
             state.total /= np.float32(state.weight)
+        self._spare = state.total
         return Averaged(
             round_no, encode(state.total, state.bf16), frozenset(state.hosts), state.weight, state.bf16
         )

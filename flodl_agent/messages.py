@@ -107,22 +107,30 @@ class Abort(_Msg):
 
 
 class Average(_Msg):
-    """A host's folded round (sum of its ranks' weight * params, float32) or its relay's error."""
+    """A round pushed towards the controller; the parameters are the frame's raw bytes.
+
+    On the link: a host's folded round (the sum of its ranks' weight * params,
+    float32 or bfloat16) or its relay's error. On loopback: a rank's push, its
+    parameters already in its shared-memory segment (``size`` bytes).
+    """
 
     round: int = Field(ge=0, lt=2**62)
     weight: float = Field(0.0, ge=0.0, allow_inf_nan=False)
-    data: bytes = b""
     error: Short = ""
-    bf16: bool = False  # data is bfloat16 (bf16_wire): half the bytes on the link
+    bf16: bool = False  # the raw bytes are bfloat16 (bf16_wire): half the bytes on the link
+    rank: int = Field(-1, ge=-1)
+    size: int = Field(0, ge=0)
 
 
 class Averaged(_Msg):
+    """A round's average (the frame's raw bytes; on loopback, in the host's shared average) or why not."""
+
     round: int = Field(ge=0, lt=2**62)
     weight: float = 0.0
-    data: bytes = b""
     error: str = ""
     saver: int = -1  # ShutdownWithSave: the rank that writes the checkpoint
     bf16: bool = False
+    size: int = Field(0, ge=0)
 
 
 class Stream(_Msg):

@@ -11,7 +11,15 @@ The tag is HMAC-SHA256 over (sequence u64, kind, length, payload). The
 sequence number is implicit — each side counts the frames it sent and
 received on this connection — so a frame cannot be replayed, dropped or
 reordered within a stream without the tag failing. Payloads are msgpack
-maps. Caps are checked on the header before any payload is buffered, a
+maps, except for the CPU plane's bulk kinds (``BLOB_KINDS``), whose payload
+is ``meta length u32 | msgpack map | raw bytes``: parameters travel as they
+lie in memory, never packed, and the receiver hands them out without a copy.
+Their tag covers the raw bytes through a Poly1305 tag under a one-time key
+derived from the frame's key, sequence and kind (HMAC-SHA256 over hundreds of
+megabytes would cost more than the averaging itself). A bulk kind travels one
+way on a connection (``AVERAGE`` towards the controller, ``AVERAGED`` back),
+so no one-time key ever authenticates two messages; the codec enforces it.
+Caps are checked on the header before any payload is buffered, a
 version mismatch is refused before anything is decoded, and the first bad
 frame ends the stream: the caller drops the connection without a reply.
 
@@ -36,7 +44,7 @@ from enum import Enum, IntEnum
 from typing import Any
 
 import msgpack
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 MAGIC = b"FL"
@@ -47,6 +55,8 @@ KEY_BYTES = 16
 OPEN_KEY = bytes(KEY_BYTES)  # open admission: reachability is the credential
 CONTROL_MAX = 256 * 1024  # join/control frames are small; anything bigger is hostile
 PRE_ADMISSION_MAX = 64 * 1024  # a challenge or a hello; an unauthenticated peer gets no more
+META = struct.Struct(">I")
+BIG = 1 << 20  # payloads above this are received into one buffer of their final size
 
 
 class Channel(Enum):
@@ -88,6 +98,10 @@ class Kind(IntEnum):
     AVERAGED = 14  # the CPU plane: the round's average
 
 
+BLOB_KINDS = frozenset({Kind.AVERAGE, Kind.AVERAGED})
+Blob = bytes | bytearray | memoryview
+
+
 class Dropped(Exception):
     """A frame that must end the stream; ``cause`` is counted, never answered."""
 
@@ -103,6 +117,9 @@ CAUSES = ("magic", "version", "too_large", "kind", "tag", "payload")
 class Frame:
     kind: Kind
     body: dict[str, Any]
+    # A bulk kind's raw bytes: a view into the receive buffer (no copy), valid until
+    # the next feed() — the codec reuses a big frame's buffer for the next one.
+    blob: Blob = b""
 
 
 def new_salt() -> bytes:
@@ -132,7 +149,9 @@ class Codec:
     """Frame encoder and decoder for one connection (both directions).
 
     ``feed`` bytes as they arrive, then iterate ``frames()``; ``encode`` what
-    to send. Keys can change mid-stream (``rekey``) — the counters carry on.
+    to send (``encode_parts`` for a bulk frame, to hand its raw bytes to the
+    transport without joining them). Keys can change mid-stream (``rekey``) —
+    the counters carry on.
     """
 
     def __init__(self, key: bytes, *, max_payload: int = CONTROL_MAX) -> None:
@@ -141,33 +160,88 @@ class Codec:
         self.sent = 0
         self.received = 0
         self._buffer = bytearray()
+        self._fill: int | None = None  # a big frame: _buffer is its final size, filled this far
+        self._after = bytearray()  # bytes that arrived behind a big frame
+        self._spare = bytearray()  # the last big frame's buffer (fresh pages cost a fault each)
+        self._sent_kinds: set[Kind] = set()
+        self._received_kinds: set[Kind] = set()
 
     def rekey(self, key: bytes) -> None:
         self.key = key
 
-    def _tag(self, seq: int, kind: int, payload: bytes) -> bytes:
-        mac = hmac.new(self.key, TAG_INPUT.pack(seq, kind, len(payload)), hashlib.sha256)
+    def _tag(self, seq: int, kind: int, payload: Blob, blob: Blob = b"") -> bytes:
+        mac = hmac.new(self.key, TAG_INPUT.pack(seq, kind, len(payload) + len(blob)), hashlib.sha256)
         mac.update(payload)
+        if kind in BLOB_KINDS:
+            one_time = hmac.new(self.key, b"flodl blob" + TAG_INPUT.pack(seq, kind, 0), hashlib.sha256)
+            mac.update(poly1305.Poly1305.generate_tag(one_time.digest(), blob))
         return mac.digest()
 
     def encode(self, kind: Kind, body: Mapping[str, Any] | None = None) -> bytes:
-        payload: bytes = msgpack.packb(dict(body or {}), use_bin_type=True)
-        if len(payload) > self.max_payload:
-            raise ValueError(f"frame of {len(payload)} bytes exceeds the {self.max_payload}-byte cap")
-        tag = self._tag(self.sent, kind, payload)
-        self.sent += 1
-        return HEADER.pack(MAGIC, VERSION, kind, len(payload), tag) + payload
+        return b"".join(self.encode_parts(kind, body))
 
-    def feed(self, data: bytes) -> None:
+    def encode_parts(self, kind: Kind, body: Mapping[str, Any] | None = None, blob: Blob = b"") -> list[Blob]:
+        """The frame as buffers to write in order: header and map, then the raw bytes (bulk kinds)."""
+        payload: bytes = msgpack.packb(dict(body or {}), use_bin_type=True)
+        if kind in BLOB_KINDS:
+            if kind in self._received_kinds:
+                raise ValueError(f"{kind.name} already flows the other way on this connection")
+            self._sent_kinds.add(kind)
+            payload = META.pack(len(payload)) + payload
+        elif blob:
+            raise ValueError(f"{kind.name} frames carry no raw bytes")
+        length = len(payload) + len(blob)
+        if length > self.max_payload:
+            raise ValueError(f"frame of {length} bytes exceeds the {self.max_payload}-byte cap")
+        tag = self._tag(self.sent, kind, payload, blob)
+        self.sent += 1
+        head = HEADER.pack(MAGIC, VERSION, kind, length, tag) + payload
+        return [head, blob] if len(blob) else [head]
+
+    def feed(self, data: Blob) -> None:
+        if self._fill is not None:
+            view = memoryview(data)
+            take = min(len(view), len(self._buffer) - self._fill)
+            self._buffer[self._fill : self._fill + take] = view[:take]
+            self._fill += take
+            self._after += view[take:]
+            if len(self._after) > HEADER.size + self.max_payload + len(data):
+                raise Dropped("too_large", "peer sent more than one maximal frame at once")
+            return
         self._buffer += data
         # A peer may stream bytes faster than we read frames; never hold more
         # than one maximal frame plus what just arrived.
         if len(self._buffer) > HEADER.size + self.max_payload + len(data):
             raise Dropped("too_large", "peer sent more than one maximal frame at once")
+        if len(self._buffer) >= HEADER.size:
+            try:
+                length = self._header()[1]
+            except Dropped:
+                return  # next_frame refuses it
+            end = HEADER.size + length
+            if length > BIG and len(self._buffer) < end:
+                # Receive the rest in place: no regrowing, and the payload is handed out as a view.
+                whole = self._spare if len(self._spare) == end else bytearray(end)
+                self._spare = bytearray()
+                whole[: len(self._buffer)] = self._buffer
+                self._fill = len(self._buffer)
+                self._buffer = whole
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        return (self._fill if self._fill is not None else len(self._buffer)) + len(self._after)
+
+    @property
+    def wanted(self) -> int:
+        """Bytes still missing from the frame being received (a hint for the read size)."""
+        if self._fill is not None:
+            return len(self._buffer) - self._fill
+        if len(self._buffer) < HEADER.size:
+            return HEADER.size - len(self._buffer)
+        try:
+            return max(0, HEADER.size + self._header()[1] - len(self._buffer))
+        except Dropped:
+            return 0  # next_frame refuses it
 
     def frames(self) -> Iterator[Frame]:
         while True:
@@ -176,13 +250,9 @@ class Codec:
                 return
             yield frame
 
-    def next_frame(self) -> Frame | None:
-        buf = self._buffer
-        if len(buf) < HEADER.size:
-            if buf[: len(MAGIC)] != MAGIC[: len(buf)]:
-                raise Dropped("magic")
-            return None
-        magic, version, kind, length, tag = HEADER.unpack_from(buf)
+    def _header(self) -> tuple[int, int, bytes]:
+        """(kind, length, tag) of the frame at the front, checked before any payload is kept."""
+        magic, version, kind, length, tag = HEADER.unpack_from(self._buffer)
         if magic != MAGIC:
             raise Dropped("magic")
         if version != VERSION:
@@ -191,18 +261,46 @@ class Codec:
             raise Dropped("too_large", f"{length} bytes announced, cap {self.max_payload}")
         if kind not in Kind._value2member_map_:
             raise Dropped("kind", f"unknown frame kind {kind}")
-        end = HEADER.size + length
-        if len(buf) < end:
+        return kind, length, tag
+
+    def next_frame(self) -> Frame | None:
+        buf = self._buffer
+        if len(buf) < HEADER.size:
+            if buf[: len(MAGIC)] != MAGIC[: len(buf)]:
+                raise Dropped("magic")
             return None
-        payload = bytes(buf[HEADER.size : end])
-        if not hmac.compare_digest(tag, self._tag(self.received, kind, payload)):
+        kind, length, tag = self._header()
+        end = HEADER.size + length
+        if self._fill is not None:
+            if self._fill < end:
+                return None
+            # The big frame is whole: it keeps its buffer, the bytes behind it start the next.
+            payload = memoryview(buf)[HEADER.size :]
+            self._buffer, self._after, self._fill, self._spare = self._after, bytearray(), None, buf
+        elif len(buf) < end:
+            return None
+        else:
+            payload = memoryview(bytes(buf[HEADER.size : end]))
+            del buf[:end]
+        blob: Blob = b""
+        meta: Blob = payload
+        if kind in BLOB_KINDS:
+            if length < META.size or META.unpack_from(payload)[0] > length - META.size:
+                raise Dropped("payload", "bulk frame's map overruns the frame")
+            split = META.size + META.unpack_from(payload)[0]
+            meta, blob = payload[:split], payload[split:]
+        if not hmac.compare_digest(tag, self._tag(self.received, kind, meta, blob)):
             raise Dropped("tag")
-        del buf[:end]
         self.received += 1
+        if kind in BLOB_KINDS:
+            if kind in self._sent_kinds:
+                raise Dropped("kind", f"{Kind(kind).name} already flows the other way on this connection")
+            self._received_kinds.add(Kind(kind))
+            meta = meta[META.size :]
         try:
-            body = msgpack.unpackb(payload, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+            body = msgpack.unpackb(meta, raw=False, strict_map_key=True, ext_hook=_reject_ext)
         except Exception as exc:  # msgpack raises several unrelated types
             raise Dropped("payload", str(exc)) from None
         if not isinstance(body, dict):
             raise Dropped("payload", "payload is not a map")
-        return Frame(Kind(kind), body)
+        return Frame(Kind(kind), body, blob)

@@ -172,3 +172,54 @@ def test_any_map_round_trips(body: dict[str, object]) -> None:
     rx.feed(tx.encode(wire.Kind.REPLY, body))
     frame = rx.next_frame()
     assert frame is not None and frame.body == body
+
+
+def test_bulk_frames_carry_raw_bytes_in_any_chunking() -> None:
+    tx, rx = wire.Codec(KEY, max_payload=8 << 20), wire.Codec(KEY, max_payload=8 << 20)
+    blobs = [b"", bytes(range(256)) * (3 << 12), bytes(reversed(range(256))) * (3 << 12)]  # 3 MiB: > BIG
+    data = b"".join(
+        b"".join(tx.encode_parts(wire.Kind.AVERAGE, {"round": r}, blob)) for r, blob in enumerate(blobs)
+    ) + tx.encode(wire.Kind.HEARTBEAT)
+    got = []
+    for i in range(0, len(data), 100_003):
+        rx.feed(data[i : i + 100_003])
+        # A blob is a view valid until the next feed (the second big frame reuses the first's buffer).
+        got += [(f.kind, f.body.get("round"), bytes(f.blob)) for f in rx.frames()]
+    assert got == [
+        *((wire.Kind.AVERAGE, r, blob) for r, blob in enumerate(blobs)),
+        (wire.Kind.HEARTBEAT, None, b""),
+    ]
+    assert rx.buffered == 0
+
+
+@pytest.mark.parametrize("where", ["map", "blob", "length"])
+def test_a_flipped_byte_in_a_bulk_frame_is_refused(where: str) -> None:
+    tx, rx = pair()
+    data = bytearray(b"".join(tx.encode_parts(wire.Kind.AVERAGED, {"round": 3}, b"\x01" * 1000)))
+    meta = wire.HEADER.size
+    offset = {"map": meta + wire.META.size + 2, "blob": len(data) - 7, "length": meta + 3}
+    data[offset[where]] ^= 0x40
+    rx.feed(bytes(data))
+    with pytest.raises(wire.Dropped) as caught:
+        rx.next_frame()
+    assert caught.value.cause in ("tag", "payload")
+
+
+def test_a_bulk_kind_flows_one_way_on_a_connection() -> None:
+    a, b = pair()
+    b.feed(b"".join(a.encode_parts(wire.Kind.AVERAGE, {"round": 0}, b"\x00" * 8)))
+    assert b.next_frame() is not None
+    with pytest.raises(ValueError, match="other way"):
+        b.encode_parts(wire.Kind.AVERAGE, {"round": 0}, b"\x00" * 8)
+    # A peer that sends it back anyway (same one-time key: a forgery risk) is dropped.
+    b2 = wire.Codec(KEY)
+    b2.encode_parts(wire.Kind.AVERAGE, {"round": 0}, b"")
+    b2.feed(b"".join(wire.Codec(KEY).encode_parts(wire.Kind.AVERAGE, {"round": 0}, b"")))
+    with pytest.raises(wire.Dropped) as caught:
+        b2.next_frame()
+    assert caught.value.cause == "kind"
+
+
+def test_only_bulk_kinds_carry_raw_bytes() -> None:
+    with pytest.raises(ValueError, match="no raw bytes"):
+        wire.Codec(KEY).encode_parts(wire.Kind.HEARTBEAT, {}, b"x")
