@@ -13,7 +13,6 @@ The last line is one JSON object; `ratio` is the hub over gloo at 64 MB, 2 ranks
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket
@@ -63,41 +62,14 @@ dist.destroy_process_group()
 """
 
 
-AGENT = """
-import asyncio, sys
-from flodl_agent.agent import AgentOptions, join_once
-from flodl_agent.config import DeviceOffer
-
-options = AgentOptions(controller_port=int(sys.argv[1]), host=sys.argv[2], devices=DeviceOffer("cpu", cpus=1))
-sys.exit(asyncio.run(join_once(options, lambda _: None)))
-"""
-
-
 def hub(ranks: int, numel: int, bf16: bool) -> float:
-    """Seconds per round through the controller (the slowest rank's).
-
-    The controller runs here; each host's agent in a process of its own, as on a real fleet.
-    """
-    from flodl_agent.controller import Controller, Settings
-    from flodl_agent.window import WindowConfig
+    """Seconds per round through the controller (the slowest rank's); each host's agent
+    runs in a process of its own, as on a real fleet."""
+    from bench.walkins import run_world
 
     out = tempfile.mkdtemp()
     command = [sys.executable, "-c", HUB_RANK, str(numel), str(ROUNDS), "1" if bf16 else "0", out]
-
-    async def run() -> None:
-        ctl = Controller(Settings(WindowConfig(ranks, ranks, 60.0, 120.0, "auto"), command=command, port=0))
-        await ctl.start()
-        agents = [
-            await asyncio.create_subprocess_exec(sys.executable, "-c", AGENT, str(ctl.port), f"h{i}")
-            for i in range(ranks)
-        ]
-        codes = [await a.wait() for a in agents]
-        await ctl.finished.wait()
-        await ctl.close()
-        if codes != [0] * ranks:
-            sys.exit(f"hub run failed: {codes}")
-
-    asyncio.run(run())
+    run_world(command, [(f"h{i}", 1) for i in range(ranks)])
     return max(json.loads(p.read_text()) for p in Path(out).iterdir())
 
 

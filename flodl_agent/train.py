@@ -11,7 +11,9 @@ the batches each rank actually took. ``cpu_async`` blends each rank toward
 the average with elasticity ``alpha`` (EASGD) instead of replacing its
 parameters; its rounds are still in step (the hub answers once per round).
 
-Every rank runs the same ``Trainer(...).fit(rounds)``; the walk-in's
+Every rank runs the same ``Trainer(...).fit(rounds)`` (or ``fit(batches=N)``:
+until the world has taken N batches, a stop every rank agrees on because it
+reads the round's averaged weight); the walk-in's
 environment (RANK, WORLD_SIZE, the store, the averaging port) does the rest.
 """
 
@@ -91,6 +93,24 @@ def adapt_anchor(config: ElCheConfig, anchor: int, compute: float, averaging: fl
     if ratio < config.overhead_target / 4:
         return max(config.anchor, anchor // 2)
     return anchor
+
+
+def world_round(
+    config: ElCheConfig, anchor: int, slots: list[float], world: int
+) -> tuple[int, dict[int, float]]:
+    """A round's averaged timing slots -> (next anchor, every rank's seconds per batch).
+
+    ``slots`` holds, per rank, its seconds per batch (first ``world``) and how long its
+    previous averaging call took (next ``world``), as the average hands them back
+    (multiplied by the total weight). The least of the averaging times is the
+    averaging's own cost — a faster rank's call also holds its wait for the slowest —
+    and every rank reads the same slots, so every rank picks the same anchor.
+    """
+    times = {r: slots[r] for r in range(world) if slots[r] > 0}
+    if times:
+        averaging = min(slots[world + r] for r in times)
+        anchor = adapt_anchor(config, anchor, anchor * max(times.values()), averaging)
+    return anchor, times
 
 
 class ShutdownWithSave(RuntimeError):
@@ -230,14 +250,28 @@ class Trainer:
 
         return collective
 
-    def fit(self, rounds: int) -> Any:
+    def fit(self, rounds: int | None = None, batches: int | None = None) -> Any:
+        """Train for ``rounds`` rounds, or until the world has taken ``batches`` batches
+        (whichever comes first); returns the model.
+
+        The batch count is the sum of every round's accepted weight, which every rank
+        receives identically, so every rank stops after the same round.
+        """
         import torch
+
+        if rounds is None and batches is None:
+            raise ValueError("fit needs rounds=, batches= or both")
+        if (rounds is not None and rounds < 0) or (batches is not None and batches < 1):
+            raise ValueError(f"rounds must be >= 0 and batches >= 1, not rounds={rounds} batches={batches}")
 
         params = [p.data for p in self.model.parameters()]
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         state = params + buffers
         anchor, mine, slowest = self.config.anchor, None, None
-        for round_no in range(rounds):
+        taken = 0.0  # the world's batches so far
+        averaging = 0.0  # this rank's last averaging call, in seconds
+        round_no = 0
+        while (rounds is None or round_no < rounds) and (batches is None or taken < batches):
             n = batches_for(self.config, anchor, mine, slowest)
             started = time.perf_counter()
             total_loss = 0.0
@@ -249,10 +283,12 @@ class Trainer:
                 self.optimizer.step()
                 total_loss += float(loss.detach())
             compute = time.perf_counter() - started
-            # Each rank's seconds per batch rides the round in its own slot, divided by its
-            # weight: after the weighted average, slot * total weight is that rank's time.
-            timing = torch.zeros(self.world, device=self.device)
+            # Each rank's seconds per batch (and its last averaging time) ride the round in
+            # its own slots, divided by its weight: after the weighted average, slot * total
+            # weight is that rank's figure, the same on every rank.
+            timing = torch.zeros(2 * self.world, device=self.device)
             timing[self.rank] = compute / n / n
+            timing[self.world + self.rank] = averaging / n
             # Float buffers (running statistics) are averaged equally among the ranks that
             # stepped: sent divided by the weight beside a 1/weight count slot, the average
             # of the buffers over the average of the counts is their plain mean.
@@ -274,10 +310,11 @@ class Trainer:
                 with torch.no_grad():
                     for t, own in zip(state, before, strict=True):
                         t.copy_(own + self.config.alpha * (t - own))
-            times = {r: float(v) * total for r, v in enumerate(timing) if v > 0}
+            anchor, times = world_round(self.config, anchor, [float(v) * total for v in timing], self.world)
             mine, slowest = times.get(self.rank), max(times.values(), default=None)
-            anchor = adapt_anchor(self.config, anchor, compute, averaging)
             self.reports.append(RoundReport(round_no, n, total_loss / n, total, times))
+            taken += total
+            round_no += 1
         self.close()
         return self.model
 

@@ -46,7 +46,8 @@ class Slow(torch.nn.Linear):
 config = getattr(ElCheConfig, sys.argv[2])(anchor=2, max_anchor=32, overhead_target=10.0)
 sgd = lambda p: torch.optim.SGD(p, lr=0.2)
 trainer = Trainer(lambda: Slow(1, 1), Line(), sgd, torch.nn.functional.mse_loss, config, batch_size=16)
-model = trainer.fit(rounds=int(sys.argv[3]))
+budget = int(sys.argv[4]) if len(sys.argv) > 4 else None  # the world's batches
+model = trainer.fit(rounds=int(sys.argv[3]), batches=budget)
 out = {"w": model.weight.item(), "b": model.bias.item(), "mark": model.mark.item(),
        "batches": [r.batches for r in trainer.reports],
        "weight": [r.weight for r in trainer.reports]}
@@ -54,13 +55,15 @@ open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(json.dumps(out))
 """
 
 
-def fit(tmp_path: Path, mode: str) -> dict[int, dict[str, object]]:
+def fit(tmp_path: Path, mode: str, budget: int | None = None) -> dict[int, dict[str, object]]:
     out = tmp_path / mode
     out.mkdir()
 
     async def scenario() -> None:
         rounds = "80" if mode.endswith("sync") else "25"  # one batch a round vs a cadence's many
         command = [sys.executable, "-c", SCRIPT, str(out), mode, rounds]
+        if budget is not None:
+            command[-1:] = ["100000", str(budget)]
         ctl = Controller(settings(command, quorum=2, target=2, env={"GLOO_SOCKET_IFNAME": "lo"}))
         await ctl.start()
         logs: list[str] = []
@@ -89,10 +92,14 @@ def test_every_rank_ends_with_the_same_fitted_model(tmp_path: Path, mode: str) -
     assert ranks[0]["mark"] == pytest.approx(1.5) and ranks[1]["mark"] == pytest.approx(1.5)
 
 
-def test_cpu_async_blends_toward_the_average(tmp_path: Path) -> None:
-    ranks = fit(tmp_path, "cpu_async")
+def test_cpu_async_blends_toward_the_average_and_stops_on_the_batch_budget(tmp_path: Path) -> None:
+    ranks = fit(tmp_path, "cpu_async", budget=500)
     for r in ranks.values():
         assert r["w"] == pytest.approx(2.0, abs=0.1) and r["b"] == pytest.approx(1.0, abs=0.1)
+    # Both ranks stop after the same round: the first whose world total reaches the budget.
+    weights = ranks[0]["weight"]
+    assert isinstance(weights, list) and weights == ranks[1]["weight"]
+    assert sum(weights[:-1]) < 500 <= sum(weights)
 
 
 MISMATCHED = """

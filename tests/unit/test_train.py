@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flodl_agent.train import ElCheConfig, adapt_anchor, batches_for
+from flodl_agent.train import ElCheConfig, adapt_anchor, batches_for, world_round
 
 
 def test_presets_name_their_plane_and_cadence_and_refuse_nonsense() -> None:
@@ -37,3 +37,15 @@ def test_the_anchor_adapts_to_the_averaging_overhead() -> None:
     assert adapt_anchor(config, 8, compute=1.0, averaging=0.001) == 4  # cheap: rounds shrink back
     assert adapt_anchor(config, 4, compute=1.0, averaging=0.001) == 4  # never below the configured anchor
     assert adapt_anchor(config, 8, compute=1.0, averaging=0.05) == 8
+
+
+def test_every_rank_picks_the_same_anchor_from_the_rounds_slots() -> None:
+    config = ElCheConfig.cpu_cadence(anchor=4, max_anchor=64, overhead_target=0.1)
+    # rank 0: 0.3 s a batch, averaged in 0.01 s; rank 1: 0.1 s a batch, but its averaging
+    # call held its 0.9 s wait for rank 0 — that wait is not the averaging's cost.
+    slots = [0.3, 0.1, 0.01, 0.9]
+    assert world_round(config, 4, slots, 2) == (4, {0: 0.3, 1: 0.1})
+    # Averaging that costs more than the target share of the slowest rank's compute grows rounds.
+    assert world_round(config, 4, [0.3, 0.1, 0.5, 0.9], 2)[0] == 8
+    # A rank that took no step (zero slots) is not timed.
+    assert world_round(config, 4, [0.0, 0.1, 0.0, 0.0], 2) == (4, {1: 0.1})
