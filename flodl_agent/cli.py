@@ -10,6 +10,7 @@ import asyncio
 import difflib
 import json
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -662,6 +663,131 @@ def probe(config_file: Path | None, base: Path | None, no_dial: bool, as_json: b
         out.print(table)
         out.print("[red]not ready[/]" if failed else "[green]ready[/]")
     raise SystemExit(1 if failed else 0)
+
+
+class _TailCommand(click.Command):
+    """Everything after `--` is the tail (``ctx.meta["tail"]``, None without a `--`): an
+    empty tail is still a tail, and a tail never fills an optional positional argument."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["tail"] = None
+        if "--" in args:
+            cut = args.index("--")
+            args, ctx.meta["tail"] = args[:cut], args[cut + 1 :]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[OPTIONS] [SPEC] [-- ARGS...]")
+
+
+@cli.command(cls=_TailCommand)
+@click.argument("spec", required=False)
+@click.option("--bin", "entry", help="Entry point, relative to --cwd.")
+@click.option("--cwd", help="Project directory inside the tree (default: its root).")
+@click.option("--build", help="Build line, run once here as the gate (and by every worker).")
+@click.option("--to", "served", type=click.Path(path_type=Path, file_okay=False), help="Served directory.")
+@click.option(
+    "--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for rsync:// and git+ssh://."
+)
+@click.option("--no-build", is_flag=True, help="Publish without running the build gate.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fdl.yml whose publish: block supplies the defaults (default: ./fdl.yml if present).",
+)
+@json_opt
+@click.pass_context
+def publish(
+    ctx: click.Context,
+    spec: str | None,
+    entry: str | None,
+    cwd: str | None,
+    build: str | None,
+    served: Path | None,
+    identity: Path | None,
+    no_build: bool,
+    config_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Publish a run: fetch SPEC into the served tree, build it once as a gate, write its manifest.
+
+    SPEC is file:///abs, rsync://[user@]host[:port]:/abs, or git+https|ssh|file://…#ref.
+    Everything after `--` is the run's arguments. Flags default from the publish: block of
+    fdl.yml, field by field; a `--` tail replaces its args even when empty. Workers pick the
+    run up on their next dial. Exit 0 published, 1 otherwise (nothing published).
+    """
+    from .config.models import Publish
+    from .publish import PublishError, PublishRequest
+    from .publish import publish as run_publish
+    from .sources import SpecError, parse_source
+
+    path = config_file or (Path("fdl.yml") if Path("fdl.yml").is_file() else None)
+    block = (_load(path, None, as_json).config.publish if path else None) or Publish()
+    text = spec or block.source
+    if text is None:
+        raise click.UsageError("name a source: SPEC, or publish.source in fdl.yml")
+    try:
+        source = parse_source(text)
+    except SpecError as exc:
+        raise click.BadParameter(exc.render(), param_hint="SPEC") from None
+    key = identity or (Path(block.identity) if block.identity else None)
+    request = PublishRequest(
+        source=source,
+        served=(served or Path(block.to or "~/.flodl/run")).expanduser().absolute(),
+        bin=entry or block.bin,
+        cwd=cwd or block.cwd or ".",
+        build=build or block.build,
+        args=list(ctx.meta["tail"]) if ctx.meta["tail"] is not None else list(block.args),
+        no_build=no_build,
+        identity=str(key.expanduser()) if key else None,
+    )
+    try:
+        report = run_publish(request, log=_log if not as_json else lambda _: None)
+    except PublishError as exc:
+        if as_json:
+            _emit_json({"published": False, "error": exc.message, "fix": exc.fix})
+        else:
+            err.print(f"fdl publish: {exc.render()}", style="red", markup=False)
+        raise SystemExit(1) from None
+    host = socket.getfqdn()
+    spellings = report.spellings(host)
+    manifest = report.manifest
+    if as_json:
+        _emit_json(
+            {
+                "published": True,
+                "tree": str(report.tree),
+                "files": report.files,
+                "manifest": manifest.model_dump(),
+                "fetch": spellings,
+            }
+        )
+        return
+    built = (
+        f"passed: {manifest.build}"
+        if manifest.built
+        else ("not built (--no-build)" if manifest.build else "no build line")
+    )
+    table = Table("", "", box=None, show_header=False, pad_edge=False)
+    for name, value in (
+        ("run", manifest.run),
+        (
+            "tree",
+            f"{report.tree}  ({report.files} file{'' if report.files == 1 else 's'}, "
+            f"digest {manifest.digest[:12]})",
+        ),
+        ("origin", manifest.origin),
+        ("build", built),
+        ("cwd", manifest.cwd),
+        ("bin", manifest.bin or "(the launch command's)"),
+        ("args", shlex.join(manifest.args) if manifest.args else "(none)"),
+        ("fetch", f"{spellings['plain']}   (a key without a forced command)"),
+        ("", f"{spellings['rrsync']}   (behind rrsync -ro <served>: the door B recipe)"),
+    ):
+        table.add_row(f"[bold]{name}[/]", escape(value))
+    out.print("[green]published[/]")
+    out.print(table)
 
 
 def _internal_error(exc: BaseException) -> NoReturn:

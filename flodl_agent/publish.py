@@ -1,0 +1,340 @@
+"""`fdl publish`: the controller is the authority over what a standing fleet runs.
+
+A source spec (``file://``, ``rsync://``, ``git+…#ref``) is mirrored into
+``<served>/tree``; a digest sidecar in ``sha256sum`` format is written at the
+tree's root (``.fdl-tree.sha256``: ``sha256sum -c`` checks a copy by hand);
+the build line runs once, as a gate, in a scratch copy (``<served>/gate``)
+with this box's own environment; and only then is the run manifest
+(``.fdl-run.yml``) written at the tree's root.
+
+The manifest's presence is the commit point. Publish removes it before it
+touches the tree and writes it (atomically) only after the gate passed, so a
+box fetching mid-publish finds no manifest and re-dials, and a failed gate
+publishes nothing. Every publish mints a fresh run identity that rides each
+worker's hello: boxes that fetched across a publish boundary never form one
+world.
+
+Pure parts: the manifest, the digest. The shell: rsync, git, the gate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import Failure
+from .sources import SourceSpec
+
+MANIFEST = ".fdl-run.yml"
+DIGEST_FILE = ".fdl-tree.sha256"
+TREE, GATE, CHECKOUT = "tree", "gate", "checkout"
+# Never published: our own files at the root, version control, caches, virtualenvs.
+EXCLUDES = (
+    f"/{MANIFEST}",
+    f"/{DIGEST_FILE}",
+    ".git/",
+    "__pycache__/",
+    "*.pyc",
+    ".venv/",
+    "venv/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".tox/",
+)
+SKIP_DIRS = frozenset(
+    {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox"}
+)
+GATE_TAIL = 20  # lines of a failed build shown
+
+
+class PublishError(Failure):
+    """A publish that did not happen (nothing was published: no manifest is in the tree)."""
+
+
+class Manifest(BaseModel):
+    """The run a published tree carries: what every worker runs, and which run it is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run: str = Field(pattern=r"^[0-9a-f]{32}$", description="the run identity (16 random bytes)")
+    cwd: str = Field(".", description="project directory inside the tree; the build and the ranks run here")
+    build: str | None = Field(None, description="the build line every worker runs")
+    bin: str | None = Field(None, description="the entry point, relative to cwd")
+    args: list[str] = Field(default_factory=list, description="the run's arguments")
+    origin: str = Field(description="the source spec (for git, with the commit it resolved to)")
+    published: str = Field(description="when, ISO 8601 UTC")
+    built: bool = Field(description="the build passed the gate (false: --no-build)")
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the tree's digest sidecar")
+
+
+def read_manifest(tree: Path) -> Manifest | None:
+    """The tree's manifest, or None when there is none (nothing published, or mid-publish)."""
+    path = tree / MANIFEST
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return Manifest.model_validate(yaml.safe_load(text))
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise PublishError(
+            f"{path} is not a run manifest: {exc}", "publish again (fdl publish) to rewrite it"
+        ) from None
+
+
+def _files(tree: Path) -> Iterator[Path]:
+    for root, dirs, names in os.walk(tree):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for name in sorted(names):
+            path = Path(root, name)
+            if path.parent == tree and name in (MANIFEST, DIGEST_FILE):
+                continue
+            if name.endswith(".pyc"):
+                continue
+            yield path
+
+
+def digest_lines(tree: Path) -> str:
+    """The tree's files in ``sha256sum`` format (sorted; a symlink counts as its target's text)."""
+    lines = []
+    for path in _files(tree):
+        hasher = hashlib.sha256()
+        if path.is_symlink():
+            hasher.update(str(path.readlink()).encode())
+        else:
+            with path.open("rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    hasher.update(chunk)
+        lines.append(f"{hasher.hexdigest()}  ./{path.relative_to(tree).as_posix()}\n")
+    return "".join(lines)
+
+
+def digest_of(lines: str) -> str:
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def verify(tree: Path, manifest: Manifest) -> list[str]:
+    """Files of ``tree`` that differ from what was published (empty: it matches)."""
+    lines = digest_lines(tree)
+    if digest_of(lines) == manifest.digest:
+        return []
+    try:
+        published = set((tree / DIGEST_FILE).read_text().splitlines())
+    except FileNotFoundError:
+        return ["(the digest sidecar is missing)"]
+    local = set(lines.splitlines())
+    return sorted({line.split("  ", 1)[-1] for line in published ^ local}) or ["(the sidecar was edited)"]
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    source: SourceSpec
+    served: Path
+    bin: str | None = None
+    cwd: str = "."
+    build: str | None = None
+    args: list[str] = field(default_factory=list)
+    no_build: bool = False
+    identity: str | None = None  # ssh key for rsync:// and git+ssh://
+    ssh_options: tuple[str, ...] = ()  # extra `-o` options for ssh (the user's ssh config applies too)
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    tree: Path
+    manifest: Manifest
+    files: int
+    build_output: str = ""
+
+    def spellings(self, host: str, user: str = "flodl-join") -> dict[str, str]:
+        """How a worker names this tree: plain (a key without a forced command) and behind rrsync."""
+        return {
+            "plain": f"rsync://{user}@{host}:{self.tree}",
+            "rrsync": f"rsync://{user}@{host}:/{TREE}",
+        }
+
+
+def _run(
+    argv: list[str], what: str, fix: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> str:
+    try:
+        proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise PublishError(
+            f"{what}: `{argv[0]}` is not installed", f"install {argv[0]} on this box"
+        ) from None
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise PublishError(f"{what} failed (exit {proc.returncode}): {' / '.join(detail)}", fix)
+    return proc.stdout
+
+
+def _ssh_command(request: PublishRequest, port: int | None) -> list[str]:
+    # Host keys stay pinned: BatchMode, and never a relaxed StrictHostKeyChecking.
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    if port is not None:
+        argv += ["-p", str(port)]
+    if request.identity:
+        argv += ["-i", request.identity, "-o", "IdentitiesOnly=yes"]
+    for option in request.ssh_options:
+        argv += ["-o", option]
+    return argv
+
+
+def _mirror(source: str, tree: Path, rsh: list[str] | None = None) -> None:
+    # --checksum: size and mtime miss an edit of the same length within the same second
+    # (a git checkout, an editor's quick save), and a stale file would publish as new.
+    argv = ["rsync", "-a", "--checksum", "--delete", *(f"--exclude={e}" for e in EXCLUDES)]
+    if rsh is not None:
+        argv += ["-e", shlex.join(rsh)]
+    _run(
+        [*argv, source.rstrip("/") + "/", f"{tree}/"],
+        f"fetching {source}",
+        "check the path exists and this box can read it (for rsync://: the ssh key and the host key pin)",
+    )
+
+
+def _fetch_git(request: PublishRequest, served: Path) -> str:
+    """Check the pinned ref out into ``<served>/checkout``; the commit it resolved to."""
+    spec = request.source
+    assert spec.url is not None and spec.ref is not None
+    checkout = served / CHECKOUT
+    env = dict(os.environ)
+    if spec.scheme == "git+ssh":
+        env["GIT_SSH_COMMAND"] = shlex.join(_ssh_command(request, None))
+    env["GIT_TERMINAL_PROMPT"] = "0"  # credentials come from the environment, never a prompt
+    fix = "check the URL, that the ref exists there, and this box's credentials for it"
+    if not (checkout / ".git").is_dir():
+        checkout.mkdir(parents=True, exist_ok=True)
+        _run(["git", "init", "-q", str(checkout)], "preparing the checkout", "check the served directory")
+    git = ["git", "-C", str(checkout)]
+    try:
+        _run([*git, "fetch", "-q", "--force", spec.url, spec.ref], f"fetching {spec}", fix, env=env)
+        commit = _run([*git, "rev-parse", "FETCH_HEAD^{commit}"], "resolving the ref", fix).strip()
+    except PublishError:
+        # A commit id is not always served by name: fetch everything, then look it up.
+        _run(
+            [*git, "fetch", "-q", "--force", spec.url, "+refs/*:refs/flodl/*"],
+            f"fetching {spec}",
+            fix,
+            env=env,
+        )
+        try:
+            commit = _run([*git, "rev-parse", "--verify", "-q", f"{spec.ref}^{{commit}}"], "", fix).strip()
+        except PublishError:
+            raise PublishError(
+                f"{spec}: `{spec.ref}` is not a branch, tag or commit of that repository",
+                "pin a ref that exists there (git ls-remote lists them)",
+            ) from None
+    _run(
+        [*git, "-c", "advice.detachedHead=false", "checkout", "-q", "--force", "--detach", commit],
+        "checkout",
+        fix,
+    )
+    _run([*git, "clean", "-q", "-ffdx"], "cleaning the checkout", fix)
+    return commit
+
+
+def _fetch(request: PublishRequest, tree: Path) -> str:
+    """Mirror the source into ``tree``; the origin to record."""
+    spec = request.source
+    if spec.scheme == "file":
+        if not Path(spec.path).is_dir():
+            raise PublishError(f"{spec}: no such directory on this box", "name a directory that exists here")
+        _mirror(spec.path, tree)
+        return str(spec)
+    if spec.scheme == "rsync":
+        destination = spec.ssh_destination
+        assert destination is not None
+        _mirror(f"{destination}:{spec.path}", tree, rsh=_ssh_command(request, spec.port))
+        return str(spec)
+    commit = _fetch_git(request, request.served)
+    _mirror(str(request.served / CHECKOUT), tree)
+    return f"{spec} ({commit})"
+
+
+def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> str:
+    """Build once in a scratch copy of the tree; the build's output."""
+    gate = request.served / GATE
+    gate.mkdir(parents=True, exist_ok=True)
+    _mirror(str(tree), gate)
+    workdir = gate / request.cwd
+    assert request.build is not None
+    log(f"gate: {request.build}  (in {workdir})")
+    env = dict(os.environ)
+    # The controller's own environment builds: its venv first on PATH, the CPU variant.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["FDL_TORCH_VARIANT"] = "cpu"
+    proc = subprocess.run(
+        ["sh", "-c", request.build], cwd=workdir, env=env, capture_output=True, text=True, check=False
+    )
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        tail = "\n".join(f"    | {line}" for line in output.splitlines()[-GATE_TAIL:])
+        raise PublishError(
+            f"the source does not build: `{request.build}` exited {proc.returncode} in {request.cwd}"
+            + (f"\n{tail}" if tail else ""),
+            "fix the build and publish again; nothing was published",
+        )
+    entry = workdir / request.bin if request.bin else None
+    if entry is not None and not entry.exists():
+        raise PublishError(
+            f"the build succeeded but bin: {request.bin} is not there (looked in {request.cwd}/)",
+            "bin is relative to cwd: point it at what the build produces",
+        )
+    return output
+
+
+def publish(request: PublishRequest, log: Callable[[str], None] = lambda _: None) -> PublishReport:
+    """Fetch, digest, gate, then commit the manifest. Raises PublishError (nothing published)."""
+    served = request.served
+    tree = served / TREE
+    tree.mkdir(parents=True, exist_ok=True)
+    # The commit point goes first: from here until the end, a box that fetches finds no run.
+    (tree / MANIFEST).unlink(missing_ok=True)
+    log(f"fetching {request.source} into {tree}")
+    origin = _fetch(request, tree)
+    cwd = tree / request.cwd
+    if not cwd.is_dir() or not cwd.resolve().is_relative_to(tree.resolve()):
+        raise PublishError(
+            f"cwd: {request.cwd} names no directory in the fetched source",
+            "cwd is a path inside the tree, not on this box",
+        )
+    lines = digest_lines(tree)
+    (tree / DIGEST_FILE).write_text(lines)
+    output = ""
+    built = request.build is not None and not request.no_build
+    if built:
+        output = _gate(request, tree, log)
+    elif request.bin and not (cwd / request.bin).exists():
+        raise PublishError(
+            f"bin: {request.bin} is not in the fetched source (looked in {request.cwd}/)",
+            "name the entry point relative to cwd, or give --build to produce it",
+        )
+    manifest = Manifest(
+        run=secrets.token_hex(16),
+        cwd=request.cwd,
+        build=request.build,
+        bin=request.bin,
+        args=list(request.args),
+        origin=origin,
+        published=datetime.now(UTC).isoformat(timespec="seconds"),
+        built=built,
+        digest=digest_of(lines),
+    )
+    staged = served / f".{MANIFEST}.tmp"  # beside the tree, same filesystem: the rename is atomic
+    staged.write_text(yaml.safe_dump(manifest.model_dump(), sort_keys=False))
+    staged.replace(tree / MANIFEST)  # the commit point
+    return PublishReport(tree, manifest, lines.count("\n"), output)
