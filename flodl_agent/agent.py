@@ -29,11 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import wire
 from .averaging import DATA_MAX, AverageRelay
 from .config.devices import DeviceOffer
-from .config.models import Ssh
+from .config.models import Source, Ssh
 from .errors import Failure
 from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Reject, Stream, WorldFormed
 from .messages import parse as parse_message
 from .net import join_address, keepalive, socket_ifnames, ssh_argv
+from .prepare import Prepared, PrepareFailure, prepare
 from .rendezvous import StreamRelay, serve_store
 from .signature import dataset_signature
 
@@ -79,6 +80,9 @@ class AgentOptions:
     dataset_sig: str = ""
     run_id: str = ""
     socket_ifname: str = ""  # nccl_socket_ifname: NCCL's syntax; gloo gets one concrete interface
+    source: Source | None = None  # join.source: fetch, check and build the run before every dial
+    stage: str = "~/.flodl/stage"  # node-local: where the fetched tree and its build live
+    args: list[str] = field(default_factory=list)  # local args (a published manifest's replace them)
 
 
 @dataclass(frozen=True)
@@ -226,8 +230,10 @@ class Attempt:
         offer: Offer,
         log: Callable[[str], None],
         on_wait: Callable[[bool], None] = lambda _: None,
+        prepared: Prepared | None = None,
     ) -> None:
         self.options = options
+        self.prepared = prepared  # the published run this box fetched and built
         self.offer = offer
         self.log = log
         self.on_wait = on_wait  # True while admitted and waiting for the world (a spinner's cue)
@@ -410,6 +416,8 @@ class Attempt:
         return envs
 
     def command(self, world: WorldFormed) -> list[str]:
+        if self.prepared is not None:
+            return list(self.prepared.command)  # the manifest is the authority over what runs
         command = list(world.command)
         if self.options.bin:
             command[0] = self.options.bin  # only the entry point is local; the args are the run's
@@ -445,6 +453,7 @@ class Attempt:
                 proc = await asyncio.create_subprocess_exec(
                     *command,
                     env=env,
+                    cwd=self.prepared.cwd if self.prepared is not None else None,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,
@@ -598,7 +607,16 @@ async def join_once(
     if options.data_path and not options.dataset_sig:
         # Before the dial: admission starts a deadline, and refuses a box whose data differs.
         options = replace(options, dataset_sig=await asyncio.to_thread(data_signature, options.data_path))
-    attempt = Attempt(options, offer, log, on_wait)
+    prepared = None
+    if options.source is not None:
+        try:
+            prepared = await asyncio.to_thread(
+                prepare, options.source, Path(options.stage).expanduser(), options.ssh, options.args, log
+            )
+        except PrepareFailure as exc:
+            raise AgentFailure(exc.message, exc.fix, exc.code) from None
+        options = replace(options, run_id=prepared.run or options.run_id)
+    attempt = Attempt(options, offer, log, on_wait, prepared)
     if options.ssh is None:
         return await attempt.run(options.controller_host, options.controller_port)
     async with Tunnel(options.ssh, options.controller_host, options.controller_port) as tunnel:

@@ -473,7 +473,7 @@ def join_cmd(
     except PydanticCustomError as exc:
         err.print(f"fdl join: --devices: {exc}", style="red", markup=False)
         raise SystemExit(2) from None
-    if args and list(args) != block.args:
+    if args and list(args) != block.args and block.source is None:
         _log("note: the run's arguments come from the controller; local arguments are ignored")
     try:
         host, port = split_address(addr)
@@ -491,6 +491,8 @@ def join_cmd(
         data_path=spec.data_path or block.data_path or "",
         env={**block.env, **spec.env},
         socket_ifname=spec.socket_ifname or block.nccl_socket_ifname or "",
+        source=block.source,
+        args=list(args) or list(block.args),
     )
     keep = block.persist if persist is None else persist
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")

@@ -58,7 +58,7 @@ def split_address(text: str, default_port: int = 1337) -> tuple[str, int]:
 
 
 def ssh_argv(
-    target: str,
+    target: str | None,
     *,
     user: str | None = None,
     port: int | None = None,
@@ -67,7 +67,8 @@ def ssh_argv(
     extra: list[str] | tuple[str, ...] = (),
 ) -> list[str]:
     """An OpenSSH command line from an ``ssh:`` block: never a password prompt,
-    dead links noticed, host keys as the user's known_hosts pins them."""
+    dead links noticed, host keys as the user's known_hosts pins them. ``target``
+    None: no destination (a transport's ``-e`` command, rsync adds it)."""
     argv = [
         "ssh",
         "-o",
@@ -84,6 +85,8 @@ def ssh_argv(
         argv += ["-i", identity_file, "-o", "IdentitiesOnly=yes"]
     for option in options:
         argv += ["-o", option]
+    if target is None:
+        return argv
     return [*argv, f"{user}@{target}" if user else target]
 
 

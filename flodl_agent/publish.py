@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import Failure
+from .net import ssh_argv
 from .sources import SourceSpec
 
 MANIFEST = ".fdl-run.yml"
@@ -183,24 +184,30 @@ def _run(
 
 def _ssh_command(request: PublishRequest, port: int | None) -> list[str]:
     # Host keys stay pinned: BatchMode, and never a relaxed StrictHostKeyChecking.
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
-    if port is not None:
-        argv += ["-p", str(port)]
-    if request.identity:
-        argv += ["-i", request.identity, "-o", "IdentitiesOnly=yes"]
-    for option in request.ssh_options:
-        argv += ["-o", option]
-    return argv
+    return ssh_argv(
+        None,
+        port=port,
+        identity_file=request.identity,
+        options=request.ssh_options,
+        extra=["-o", "StrictHostKeyChecking=yes"],
+    )
+
+
+def mirror_argv(
+    source: str, tree: Path, rsh: list[str] | None = None, excludes: tuple[str, ...] = EXCLUDES
+) -> list[str]:
+    """rsync making ``tree`` a copy of ``source`` (deletions too; ``rsh``: over ssh)."""
+    # --checksum: size and mtime miss an edit of the same length within the same second
+    # (a git checkout, an editor's quick save), and a stale file would publish as new.
+    argv = ["rsync", "-a", "--checksum", "--delete", *(f"--exclude={e}" for e in excludes)]
+    if rsh is not None:
+        argv += ["-e", shlex.join(rsh)]
+    return [*argv, source.rstrip("/") + "/", f"{tree}/"]
 
 
 def _mirror(source: str, tree: Path, rsh: list[str] | None = None) -> None:
-    # --checksum: size and mtime miss an edit of the same length within the same second
-    # (a git checkout, an editor's quick save), and a stale file would publish as new.
-    argv = ["rsync", "-a", "--checksum", "--delete", *(f"--exclude={e}" for e in EXCLUDES)]
-    if rsh is not None:
-        argv += ["-e", shlex.join(rsh)]
     _run(
-        [*argv, source.rstrip("/") + "/", f"{tree}/"],
+        mirror_argv(source, tree, rsh),
         f"fetching {source}",
         "check the path exists and this box can read it (for rsync://: the ssh key and the host key pin)",
     )

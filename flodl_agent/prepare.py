@@ -1,0 +1,285 @@
+"""Preparing a box before every dial: fetch the published run, check it, build it.
+
+Admission starts a window deadline, so a box gets ready first — and again on
+every attempt, which makes ``fdl join --persist`` a provisioning loop: a new
+publish is picked up on the next dial with nothing edited on the box.
+
+With ``join.source``, the agent mirrors ``source.from`` into
+``<stage>/tree`` (the manifest and the digest sidecar come along), checks it
+against the published digest, and copies it into ``<stage>/build`` where the
+build runs — only when the digest or the build line changed since the last
+good build, so a re-dial into the same run costs a checksum pass. The
+manifest is the authority: its cwd, build, bin and args replace the local
+ones (said in the log when they differ), and its run identity rides the
+hello. Without a manifest, a box that names its own artifact (``source.bin``)
+runs it with its local settings; one that does not waits for a publish.
+
+Every failure is classed as the troubleshooting guide words it: transient
+failures re-dial (nothing published yet, a publish in flight, a build that a
+push will fix), permanent ones stop (a path that cannot exist in this tree, a
+door that will never serve the fetch, a missing system package).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config.models import Source, Ssh
+from .errors import Failure
+from .net import ssh_argv
+from .publish import (
+    DIGEST_FILE,
+    EXCLUDES,
+    MANIFEST,
+    Manifest,
+    PublishError,
+    mirror_argv,
+    read_manifest,
+    verify,
+)
+from .sources import SourceSpec, parse_source
+
+PERMANENT, TRANSIENT = 2, 1
+STAMP = ".fdl-built"  # in <stage>/build: the digest and build line of the last good build
+BUILD_TAIL = 20
+# What the fetch leaves out: caches and virtualenvs, never the run's manifest or sidecar.
+FETCH_EXCLUDES = tuple(e for e in EXCLUDES if e not in (f"/{MANIFEST}", f"/{DIGEST_FILE}"))
+# Tools a build may need that re-dialling cannot install: the Debian package that has each.
+SYSTEM_PACKAGES = {
+    "gcc": "gcc",
+    "cc": "gcc",
+    "g++": "g++",
+    "c++": "g++",
+    "make": "make",
+    "cmake": "cmake",
+    "ninja": "ninja-build",
+    "pkg-config": "pkg-config",
+    "nvcc": "nvidia-cuda-toolkit",
+    "hipcc": "hipcc",
+    "git": "git",
+    "cargo": "cargo",
+}
+# sh/bash: "sh: 1: cmake: not found", "bash: cmake: command not found"; zsh: "command not found: cmake".
+_NOT_FOUND = (
+    re.compile(r"(?:^|[\s:])([\w.+-]+): (?:command )?not found", re.M),
+    re.compile(r"command not found: ([\w.+-]+)"),
+)
+
+
+class PrepareFailure(Failure):
+    """A box that is not ready: ``code`` says whether re-dialling can help."""
+
+    def __init__(self, message: str, fix: str = "", code: int = TRANSIENT) -> None:
+        super().__init__(message, fix)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Prepared:
+    command: list[str]  # the entry point (absolute) and the run's arguments
+    cwd: Path  # where the ranks run
+    run: str  # the manifest's run identity ("" without a manifest)
+
+
+def missing_package(output: str) -> tuple[str, str] | None:
+    """(tool, Debian package) when a build's output says a known system tool is missing."""
+    for pattern in _NOT_FOUND:
+        for match in pattern.finditer(output):
+            if match.group(1) in SYSTEM_PACKAGES:
+                return match.group(1), SYSTEM_PACKAGES[match.group(1)]
+    return None
+
+
+def _fetch_failure(spec: SourceSpec, output: str) -> PrepareFailure:
+    text = output.strip()
+    last = " / ".join(text.splitlines()[-3:]) or "no output"
+    if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
+        return PrepareFailure(
+            f"fetching {spec}: the host key does not match the pin",
+            "pin the controller's real host key in known_hosts (the worker role does); never turn checks off",
+            PERMANENT,
+        )
+    if "not available" in text or "protocol version mismatch" in text or "This service allows sftp" in text:
+        return PrepareFailure(
+            f"fetching {spec} refused: this box's key opens the join door for the tunnel only ({last})",
+            'give the key the door B line: restrict,command="rrsync -ro <served>" <key> '
+            "(flodl_controller_door_mode: rrsync), and fetch rsync://<user>@<controller>:/tree",
+            PERMANENT,
+        )
+    if "No such file or directory" in text or "change_dir" in text:
+        hint = (
+            "behind rrsync -ro <served> the path is re-rooted: fetch rsync://<user>@<controller>:/tree"
+            if spec.path != "/tree"
+            else "nothing is published yet: run fdl publish on the controller"
+        )
+        return PrepareFailure(f"fetching {spec}: no such directory there ({last})", hint)
+    return PrepareFailure(
+        f"fetching {spec} failed: {last}", "re-dials on its own; check the source is reachable"
+    )
+
+
+def _run(
+    argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        tool = argv[0]
+        raise PrepareFailure(
+            f"`{tool}` is not installed on this box",
+            f"apt-get install {SYSTEM_PACKAGES.get(tool, tool)} (the worker role installs it)",
+            PERMANENT,
+        ) from None
+
+
+def fetch(source: Source, stage: Path, ssh: Ssh | None) -> Path:
+    """Mirror ``source.from`` into ``<stage>/tree``; the tree."""
+    spec = parse_source(source.from_)
+    tree = stage / "tree"
+    tree.mkdir(parents=True, exist_ok=True)
+    if spec.scheme == "file":
+        origin, rsh = spec.path, None
+    elif spec.scheme == "rsync":
+        # The join's ssh block carries the key and options; the spec names where.
+        ssh = ssh or Ssh()
+        rsh = ssh_argv(
+            None,
+            port=spec.port or ssh.port,
+            identity_file=ssh.identity_file,
+            options=ssh.options,
+            extra=["-o", "StrictHostKeyChecking=yes"],
+        )
+        user = spec.user or ssh.user
+        origin = f"{user + '@' if user else ''}{spec.host}:{spec.path}"
+    else:
+        from .publish import PublishRequest, _fetch_git
+
+        try:
+            _fetch_git(PublishRequest(spec, stage, identity=ssh.identity_file if ssh else None), stage)
+        except PublishError as exc:
+            raise PrepareFailure(exc.message, exc.fix) from None
+        origin, rsh = str(stage / "checkout"), None
+    proc = _run(mirror_argv(origin, tree, rsh, FETCH_EXCLUDES))
+    if proc.returncode != 0:
+        raise _fetch_failure(spec, proc.stderr or proc.stdout)
+    return tree
+
+
+def _differs(name: str, local: object, run: object, log: Callable[[str], None]) -> None:
+    if local not in (None, [], run):
+        log(f"note: the run manifest's {name} ({run!r}) replaces this box's ({local!r})")
+
+
+def _build(
+    tree: Path, stage: Path, cwd: str, build: str | None, digest: str, log: Callable[[str], None]
+) -> Path:
+    """Copy the tree to ``<stage>/build`` and run the build there, unless the last good build
+    was of this very digest and line; the build directory."""
+    built = stage / "build"
+    stamp = f"{digest}\n{build or ''}\n"
+    if (built / STAMP).is_file() and (built / STAMP).read_text() == stamp:
+        return built
+    built.mkdir(parents=True, exist_ok=True)
+    (built / STAMP).unlink(missing_ok=True)
+    proc = _run(mirror_argv(str(tree), built, excludes=(*FETCH_EXCLUDES, f"/{STAMP}")))
+    if proc.returncode != 0:
+        raise PrepareFailure(
+            f"staging the build failed: {proc.stderr.strip()}", "check the stage directory's disk"
+        )
+    if build:
+        log(f"building: {build}  (in {built / cwd})")
+        env = dict(os.environ)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        proc = _run(["sh", "-c", build], cwd=built / cwd, env=env)
+        if proc.returncode != 0:
+            output = (proc.stdout + proc.stderr).strip()
+            tail = "\n".join(f"    | {line}" for line in output.splitlines()[-BUILD_TAIL:])
+            message = f"the source does not build: `{build}` exited {proc.returncode}" + (
+                f"\n{tail}" if tail else ""
+            )
+            missing = missing_package(output)
+            if missing is not None:
+                tool, package = missing
+                raise PrepareFailure(
+                    message, f"`{tool}` is missing on this box: apt-get install {package}", PERMANENT
+                )
+            raise PrepareFailure(
+                message, "fix the build and publish again; this box picks it up on its next dial"
+            )
+    (built / STAMP).write_text(stamp)
+    return built
+
+
+def prepare(
+    source: Source,
+    stage: Path,
+    ssh: Ssh | None = None,
+    local_args: list[str] | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> Prepared:
+    """Fetch, check against the manifest, build; what the ranks run. Raises PrepareFailure."""
+    tree = fetch(source, stage, ssh)
+    try:
+        manifest: Manifest | None = read_manifest(tree)
+    except PublishError as exc:
+        raise PrepareFailure(exc.message, "re-dials on its own: a publish rewrites it") from None
+    if manifest is None and source.bin is None:
+        raise PrepareFailure(
+            "the fetched source carries no run manifest and this box declares no artifact",
+            "run fdl publish on the controller (a publish in flight commits it when its gate passes), "
+            "or name a local artifact in join.source.bin",
+        )
+    if manifest is not None:
+        changed = verify(tree, manifest)
+        if changed:
+            raise PrepareFailure(
+                f"the fetched tree differs from the published digest ({', '.join(changed[:5])})",
+                "a publish was in flight: this box re-fetches on its next dial",
+            )
+        for name, local, run in (
+            ("cwd", source.cwd, manifest.cwd),
+            ("build", source.build, manifest.build),
+            ("bin", source.bin, manifest.bin),
+            ("args", local_args, manifest.args),
+        ):
+            _differs(name, local, run, log)
+        cwd, build, entry, args = manifest.cwd, manifest.build, manifest.bin, manifest.args
+        digest = manifest.digest
+    else:
+        cwd, build, entry, args = source.cwd or ".", source.build, source.bin, list(local_args or [])
+        from .publish import digest_lines, digest_of
+
+        digest = digest_of(digest_lines(tree))
+    where = tree / cwd
+    if not where.is_dir() or not where.resolve().is_relative_to(tree.resolve()):
+        raise PrepareFailure(
+            f"cwd: {cwd} names no directory in the fetched source",
+            "cwd is a path inside the tree, not on this box: fix it where the run is published",
+            PERMANENT,
+        )
+    built = _build(tree, stage, cwd, build, digest, log)
+    if entry is None:
+        raise PrepareFailure(
+            "the run names no entry point (bin)", "publish with --bin, or set join.source.bin", PERMANENT
+        )
+    path = built / cwd / entry
+    if not path.exists():
+        raise PrepareFailure(
+            f"the build succeeded but bin: {entry} is not there (looked in {cwd}/)"
+            if build
+            else f"bin: {entry} is not in the fetched source (looked in {cwd}/)",
+            "bin is relative to cwd: point it at what the build produces (a workspace may build elsewhere)",
+            PERMANENT,
+        )
+    # A Python script that is not executable runs under this box's interpreter (the variant's venv).
+    runner = [sys.executable] if path.suffix == ".py" and not os.access(path, os.X_OK) else []
+    command = [*runner, str(path), *args]
+    log(f"prepared run {manifest.run if manifest else '(no manifest)'}: {shlex.join(command)}")
+    return Prepared(command, built / cwd, manifest.run if manifest else "")

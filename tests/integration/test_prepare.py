@@ -1,0 +1,224 @@
+"""Preparing a box before every dial: fetch the published run, check it, build it —
+and every failure classed and worded as the troubleshooting guide has it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.agent import AgentFailure
+from flodl_agent.config.models import Source, Ssh
+from flodl_agent.controller import Controller
+from flodl_agent.prepare import PERMANENT, TRANSIENT, PrepareFailure, missing_package, prepare
+from flodl_agent.publish import MANIFEST, PublishRequest, publish, read_manifest
+from flodl_agent.sources import parse_source
+from tests.sshd import Sshd
+
+from .test_control_plane import agent, run, settings, until, walk_in
+
+pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
+
+TRAIN = """
+import json, os, sys
+json.dump({"argv": sys.argv[1:], "cwd": os.getcwd(), "rank": os.environ.get("RANK")},
+          open(os.path.join(os.environ["OUT"], os.environ.get("RANK", "x")), "w"))
+"""
+
+
+def published(tmp_path: Path, *, build: str | None = None, args: tuple[str, ...] = ("--lr", "1")) -> Path:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True, exist_ok=True)
+    (src / "pkg" / "train.py").write_text(TRAIN)
+    served = tmp_path / "served"
+    publish(
+        PublishRequest(
+            parse_source(f"file://{src}"), served, bin="train.py", cwd="pkg", build=build, args=list(args)
+        )
+    )
+    return served
+
+
+def source(served: Path, **kw: str) -> Source:
+    return Source.model_validate({"from": f"file://{served}/tree", **kw})
+
+
+def failure(call: object) -> PrepareFailure:
+    with pytest.raises(PrepareFailure) as caught:
+        call()  # type: ignore[operator]
+    return caught.value
+
+
+def test_a_published_run_is_fetched_built_once_per_digest_and_the_manifest_wins(tmp_path: Path) -> None:
+    count = tmp_path / "builds"
+    served = published(tmp_path, build=f"echo built >> {count}")
+    logs: list[str] = []
+    stage = tmp_path / "stage"
+    local = source(served, cwd=".", bin="other.py")
+    ready = prepare(local, stage, local_args=["--lr", "9"], log=logs.append)
+    manifest = read_manifest(served / "tree")
+    assert manifest is not None and ready.run == manifest.run
+    assert ready.command == [sys.executable, str(stage / "build" / "pkg" / "train.py"), "--lr", "1"]
+    assert ready.cwd == stage / "build" / "pkg"
+    assert any("manifest's args (['--lr', '1']) replaces this box's (['--lr', '9'])" in line for line in logs)
+    assert any("manifest's bin ('train.py') replaces this box's ('other.py')" in line for line in logs)
+    # A re-dial into the same run costs a fetch and a checksum, not a build.
+    prepare(local, stage)
+    assert count.read_text() == "built\n" * 2  # the publish gate's build, then this box's one
+    # A new publish is picked up on the next dial, with nothing edited here.
+    (tmp_path / "src" / "pkg" / "train.py").write_text(TRAIN + "\n# v2\n")
+    publish(
+        PublishRequest(
+            parse_source(f"file://{tmp_path / 'src'}"),
+            served,
+            bin="train.py",
+            cwd="pkg",
+            build=f"echo built >> {count}",
+            args=["--lr", "2"],
+        )
+    )
+    again = prepare(local, stage)
+    assert again.command[-1] == "2" and again.run != ready.run and count.read_text() == "built\n" * 4
+
+
+def test_no_manifest_is_a_quiet_wait_unless_the_box_names_its_own_artifact(tmp_path: Path) -> None:
+    served = published(tmp_path)
+    (served / "tree" / MANIFEST).unlink()  # a publish in flight: its gate is still building
+    wait = failure(lambda: prepare(source(served), tmp_path / "stage"))
+    assert wait.code == TRANSIENT
+    assert wait.message == "the fetched source carries no run manifest and this box declares no artifact"
+    own = prepare(source(served, cwd="pkg", bin="train.py"), tmp_path / "stage", local_args=["--own"])
+    assert own.run == "" and own.command[-2:] == [
+        str(tmp_path / "stage" / "build" / "pkg" / "train.py"),
+        "--own",
+    ]
+
+
+def test_a_tree_fetched_across_a_publish_boundary_is_refused_until_it_matches(tmp_path: Path) -> None:
+    served = published(tmp_path)
+    (served / "tree" / "pkg" / "train.py").write_text("half of the next publish\n")
+    torn = failure(lambda: prepare(source(served), tmp_path / "stage"))
+    assert torn.code == TRANSIENT and "differs from the published digest (./pkg/train.py)" in torn.message
+
+
+@pytest.mark.parametrize(
+    ("build", "code", "words", "fix"),
+    [
+        (
+            "echo oops >&2; exit 4",
+            TRANSIENT,
+            "the source does not build: `echo oops >&2; exit 4` exited 4",
+            "publish again",
+        ),
+        ("PATH=/nowhere cmake -S .", PERMANENT, "the source does not build", "apt-get install cmake"),
+    ],
+)
+def test_a_build_that_fails_is_transient_unless_a_system_package_is_missing(
+    tmp_path: Path, build: str, code: int, words: str, fix: str
+) -> None:
+    served = published(tmp_path)
+    # The manifest's build (none here) is the authority: the local build line does not run.
+    prepare(source(served, build=build, bin="train.py"), tmp_path / "stage")
+    (served / "tree" / MANIFEST).unlink()  # without one, this box's own settings build
+    failed = failure(
+        lambda: prepare(source(served, cwd="pkg", build=build, bin="train.py"), tmp_path / "stage")
+    )
+    assert failed.code == code and words in failed.message and fix in failed.fix
+
+
+def test_paths_that_cannot_exist_are_permanent(tmp_path: Path) -> None:
+    served = published(tmp_path)
+    (served / "tree" / MANIFEST).unlink()
+    stage = tmp_path / "stage"
+    cwd = failure(lambda: prepare(source(served, cwd="nowhere", bin="x"), stage))
+    assert cwd.code == PERMANENT and cwd.message == "cwd: nowhere names no directory in the fetched source"
+    entry = failure(lambda: prepare(source(served, cwd="pkg", build="true", bin="target/train"), stage))
+    assert entry.code == PERMANENT
+    assert entry.message == "the build succeeded but bin: target/train is not there (looked in pkg/)"
+
+
+def test_missing_packages_are_named_from_the_shells_words() -> None:
+    assert missing_package("sh: 1: nvcc: not found") == ("nvcc", "nvidia-cuda-toolkit")
+    assert missing_package("zsh: command not found: cmake") == ("cmake", "cmake")
+    assert missing_package("error: could not compile") is None
+    assert missing_package("sh: 1: my-own-script: not found") is None  # not a system package: a push fixes it
+
+
+def door(sshd: Sshd, command: str) -> Ssh:
+    sshd.authorize(f'restrict,command="{command}"')
+    return Ssh(identity_file=str(sshd.client_key), options=sshd.options)
+
+
+def test_door_b_serves_the_tree_through_rrsync_and_names_the_spelling(tmp_path: Path, sshd: Sshd) -> None:
+    served = published(tmp_path)
+    ssh = door(sshd, f"/usr/bin/rrsync -ro {served}")
+    guarded = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:/tree"})
+    ready = prepare(guarded, tmp_path / "stage", ssh)
+    assert ready.run == read_manifest(served / "tree").run  # type: ignore[union-attr]
+    plain = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:{served}/tree"})
+    wrong = failure(lambda: prepare(plain, tmp_path / "stage2", ssh))
+    assert "no such directory" in wrong.message and ":/tree" in wrong.fix and "re-rooted" in wrong.fix
+
+
+def test_a_tunnel_only_key_refuses_the_fetch_naming_the_door_b_recipe(tmp_path: Path, sshd: Sshd) -> None:
+    served = published(tmp_path)
+    ssh = door(sshd, "/usr/sbin/nologin")
+    spec = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:/tree"})
+    refused = failure(lambda: prepare(spec, tmp_path / "stage", ssh))
+    assert refused.code == PERMANENT and "tunnel only" in refused.message
+    assert "rrsync -ro <served>" in refused.fix and ":/tree" in refused.fix
+    assert served.exists()
+
+
+def test_walk_ins_run_the_published_entry_with_its_args_and_carry_its_run_identity(tmp_path: Path) -> None:
+    served = published(tmp_path, args=("--epochs", "3"))
+    out = tmp_path / "out"
+    out.mkdir()
+    manifest = read_manifest(served / "tree")
+    assert manifest is not None
+    logs: list[str] = []
+
+    async def scenario() -> None:
+        # The launch command is a placeholder: the manifest says what runs.
+        ctl = Controller(settings([sys.executable, "-c", "raise SystemExit(3)"], env={"OUT": str(out)}))
+        await ctl.start()
+        boxes = [
+            replace(agent(ctl, name), source=source(served), stage=str(tmp_path / name)) for name in "ab"
+        ]
+        assert await asyncio.gather(*(walk_in(box, logs) for box in boxes)) == [0, 0]
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        await ctl.close()
+
+    run(scenario)
+    ranks = {p.name: json.loads(p.read_text()) for p in out.iterdir()}
+    assert sorted(ranks) == ["0", "1"]
+    assert all(r["argv"] == ["--epochs", "3"] for r in ranks.values())
+    assert {Path(r["cwd"]).name for r in ranks.values()} == {"pkg"}
+    assert sum(f"prepared run {manifest.run}" in line for line in logs) == 2
+
+
+def test_boxes_that_fetched_across_a_publish_boundary_never_form_one_world(tmp_path: Path) -> None:
+    served = published(tmp_path)
+
+    async def scenario() -> None:
+        ctl = Controller(settings())
+        await ctl.start()
+        early = replace(agent(ctl, "early"), source=source(served), stage=str(tmp_path / "early"))
+        first = asyncio.ensure_future(walk_in(early))
+        await until(lambda: ctl.admitted == 1)
+        await asyncio.to_thread(published, tmp_path)  # the operator publishes the next run
+        late = replace(agent(ctl, "late"), source=source(served), stage=str(tmp_path / "late"))
+        refused = await walk_in(late)
+        assert isinstance(refused, AgentFailure) and "run identity mismatch" in refused.message
+        assert ctl.refused.get("run_mismatch") == 1
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        await ctl.close()
+
+    run(scenario)
