@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import re
 import shutil
@@ -33,8 +32,8 @@ from .config.models import Source, Ssh
 from .errors import Failure
 from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Reject, Stream, WorldFormed
 from .messages import parse as parse_message
-from .net import join_address, keepalive, socket_ifnames, ssh_argv
-from .prepare import Prepared, PrepareFailure, prepare
+from .net import DEAD_MOUNT, join_address, keepalive, socket_ifnames, ssh_argv
+from .prepare import Prepared, PrepareFailure, mount_data, prepare
 from .rendezvous import StreamRelay, serve_store
 from .signature import dataset_signature
 
@@ -81,6 +80,7 @@ class AgentOptions:
     run_id: str = ""
     socket_ifname: str = ""  # nccl_socket_ifname: NCCL's syntax; gloo gets one concrete interface
     source: Source | None = None  # join.source: fetch, check and build the run before every dial
+    data_source: str = ""  # join.data_source: mount data_path read-only from here (sshfs, door A)
     stage: str = "~/.flodl/stage"  # node-local: where the fetched tree and its build live
     args: list[str] = field(default_factory=list)  # local args (a published manifest's replace them)
 
@@ -140,7 +140,7 @@ def data_signature(data_path: str) -> str:
     try:
         return dataset_signature(data_path, Path.home() / ".flodl" / "cache" / "dataset-signatures.json")
     except OSError as exc:
-        if exc.errno == errno.ENOTCONN:
+        if exc.errno in DEAD_MOUNT:
             raise AgentFailure(
                 f"the data mount at {data_path} is not connected (its sshfs died)",
                 "restart it (systemctl restart flodl-join.service remounts it), then --persist re-dials",
@@ -604,6 +604,13 @@ async def join_once(
     options: AgentOptions, log: Callable[[str], None], on_wait: Callable[[bool], None] = lambda _: None
 ) -> int:
     offer = resolve_offer(options.devices)
+    if options.data_source and options.data_path:
+        try:
+            await asyncio.to_thread(
+                mount_data, options.data_source, Path(options.data_path), options.ssh, log
+            )
+        except PrepareFailure as exc:
+            raise AgentFailure(exc.message, exc.fix, exc.code) from None
     if options.data_path and not options.dataset_sig:
         # Before the dial: admission starts a deadline, and refuses a box whose data differs.
         options = replace(options, dataset_sig=await asyncio.to_thread(data_signature, options.data_path))

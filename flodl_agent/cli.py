@@ -492,6 +492,7 @@ def join_cmd(
         env={**block.env, **spec.env},
         socket_ifname=spec.socket_ifname or block.nccl_socket_ifname or "",
         source=block.source,
+        data_source=block.data_source or "",
         args=list(args) or list(block.args),
     )
     keep = block.persist if persist is None else persist

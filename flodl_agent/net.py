@@ -4,6 +4,7 @@ and the operator's client."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import socket
 from pathlib import Path
@@ -11,6 +12,9 @@ from pathlib import Path
 # A peer that vanishes without a FIN (power cut, pulled cable, dead VM) is
 # noticed after about a minute instead of never.
 KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
+
+# A FUSE mount whose daemon died answers one of these (which one depends on timing).
+DEAD_MOUNT = frozenset({errno.ENOTCONN, errno.ECONNABORTED})
 
 
 def is_loopback(host: str) -> bool:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .config.models import Source, Ssh
 from .errors import Failure
-from .net import ssh_argv
+from .net import DEAD_MOUNT, ssh_argv
 from .publish import (
     DIGEST_FILE,
     EXCLUDES,
@@ -44,7 +44,7 @@ from .publish import (
     read_manifest,
     verify,
 )
-from .sources import SourceSpec, parse_source
+from .sources import SourceSpec, parse_data_source, parse_source
 
 PERMANENT, TRANSIENT = 2, 1
 STAMP = ".fdl-built"  # in <stage>/build: the digest and build line of the last good build
@@ -170,6 +170,101 @@ def fetch(source: Source, stage: Path, ssh: Ssh | None) -> Path:
     if proc.returncode != 0:
         raise _fetch_failure(spec, proc.stderr or proc.stdout)
     return tree
+
+
+def _readable(path: Path) -> OSError | None:
+    try:
+        next(os.scandir(path), None)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def mount_data(
+    data_source: str, data_path: Path, ssh: Ssh | None, log: Callable[[str], None] = lambda _: None
+) -> None:
+    """The data root, read-only over sshfs through door A: reuse a live mount, replace a dead one."""
+    spec = parse_data_source(data_source)
+    if os.path.ismount(data_path):
+        broken = _readable(data_path)
+        if broken is None:
+            return  # mounted and answering (by this agent earlier, or by the box's mount unit)
+        if broken.errno not in DEAD_MOUNT:
+            raise PrepareFailure(
+                f"the data mount at {data_path} cannot be read: {broken.strerror}",
+                "a door A mount needs allow_other when another user mounted it",
+                PERMANENT,
+            )
+        log(f"the data mount at {data_path} is not connected (its sshfs died): mounting it again")
+        _run(["fusermount", "-uz", str(data_path)])
+    try:
+        data_path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PrepareFailure(
+            f"data_path {data_path} cannot be created: {exc.strerror}",
+            "create it for the service user, or point join.data_path somewhere it can write",
+            PERMANENT,
+        ) from None
+    ssh = ssh or Ssh()
+    options = ["ro", "reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=3", "BatchMode=yes"]
+    options += ["StrictHostKeyChecking=yes", *ssh.options]
+    if spec.port or ssh.port:
+        options.append(f"port={spec.port or ssh.port}")
+    if ssh.identity_file:
+        options += [f"IdentityFile={ssh.identity_file}", "IdentitiesOnly=yes"]
+    user = spec.user or ssh.user
+    remote = f"{user + '@' if user else ''}{spec.host}:{spec.path}"
+    proc = _run(["sshfs", "-o", ",".join(options), remote, str(data_path)])
+    if proc.returncode == 0:
+        log(f"mounted {data_source} read-only at {data_path}")
+        return
+    text = (proc.stderr or proc.stdout).strip()
+    last = " / ".join(text.splitlines()[-3:]) or f"sshfs exited {proc.returncode}"
+    # sshfs hides ssh's own words ("read: Connection reset by peer" for every cause): ask ssh.
+    ask = ssh_argv(
+        spec.host,
+        user=user,
+        port=spec.port or ssh.port,
+        identity_file=ssh.identity_file,
+        options=ssh.options,
+        extra=["-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10"],
+    )
+    try:
+        said = subprocess.run(
+            [*ask, "-s", "sftp"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        text += "\n" + said.stderr
+        last = " / ".join(said.stderr.strip().splitlines()[-2:]) or last
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if "Permission denied" in text:
+        raise PrepareFailure(
+            f"mounting {data_source}: permission denied ({last})",
+            "door A: the data account must hold this box's key as "
+            'restrict,command="internal-sftp -R" <key> (flodl_controller_data_door_enabled, '
+            "and the worker's key in the door's keys)",
+            PERMANENT,
+        )
+    if "Host key verification failed" in text:
+        raise PrepareFailure(
+            f"mounting {data_source}: the host key does not match the pin",
+            "pin the controller's real host key in known_hosts (the worker role does); never turn checks off",
+            PERMANENT,
+        )
+    if "fuse" in text.lower() and ("device" in text or "permitted" in text):
+        raise PrepareFailure(
+            f"mounting {data_source}: this box cannot mount FUSE filesystems ({last})",
+            "apt-get install sshfs fuse3, and give containers /dev/fuse",
+            PERMANENT,
+        )
+    raise PrepareFailure(
+        f"mounting {data_source} failed: {last}", "re-dials on its own; is the door reachable?"
+    )
 
 
 def _differs(name: str, local: object, run: object, log: Callable[[str], None]) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .config.models import Cluster, Join
-from .net import join_address, socket_ifnames, split_address
+from .net import DEAD_MOUNT, join_address, socket_ifnames, split_address
 from .status import Unreachable, request
 
 Level = Literal["ok", "warn", "fail"]
@@ -354,7 +354,7 @@ def _data_facts(path: str) -> dict[str, Any]:
     except OSError as exc:
         facts["exists"] = exc.errno != errno.ENOENT
         facts["readable"] = False
-        facts["error"] = "not connected" if exc.errno == errno.ENOTCONN else exc.strerror
+        facts["error"] = "not connected" if exc.errno in DEAD_MOUNT else exc.strerror
         return facts
     facts.update(exists=True, readable=True, entries=len(entries))
     return facts

@@ -222,3 +222,71 @@ def test_boxes_that_fetched_across_a_publish_boundary_never_form_one_world(tmp_p
         await ctl.close()
 
     run(scenario)
+
+
+def test_a_box_dialling_while_the_gate_builds_finds_no_run_then_the_new_one(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    served = published(tmp_path)
+    stage = tmp_path / "stage"
+    before = prepare(source(served), stage)
+    gate = tmp_path / "gate.fifo"
+    os.mkfifo(gate)
+    src = tmp_path / "src"
+    request = PublishRequest(
+        parse_source(f"file://{src}"),
+        served,
+        bin="train.py",
+        cwd="pkg",
+        build=f"if [ -p {gate} ]; then cat {gate}; fi",
+    )
+    done: list[object] = []
+    worker = threading.Thread(target=lambda: done.append(publish(request)))
+    worker.start()
+    with gate.open("w") as held:  # opening returns once the gate's build is reading: mid-publish
+        wait = failure(lambda: prepare(source(served), stage))
+        assert wait.code == TRANSIENT and "no run manifest" in wait.message
+        held.write("go\n")
+    gate.unlink()  # this box's own build of the run must not wait on it
+    worker.join(timeout=60)
+    assert done, "the publish did not finish"
+    after = prepare(source(served), stage)
+    assert after.run != before.run and after.run == read_manifest(served / "tree").run  # type: ignore[union-attr]
+
+
+def fuse_usable() -> bool:
+    return Path("/dev/fuse").exists() and shutil.which("sshfs") is not None
+
+
+@pytest.mark.skipif(not fuse_usable(), reason="sshfs or /dev/fuse missing")
+def test_a_walk_in_mounts_its_data_read_only_reuses_it_and_replaces_a_dead_one(
+    tmp_path: Path, sshd: Sshd
+) -> None:
+    import subprocess
+
+    from flodl_agent.prepare import mount_data
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "labels.csv").write_text("0,1\n")
+    ssh = Ssh(identity_file=str(sshd.client_key), options=sshd.options)
+    spec = f"sshfs://root@127.0.0.1:{sshd.port}:{root}"
+    where = tmp_path / "mnt"
+    logs: list[str] = []
+    try:
+        mount_data(spec, where, ssh, logs.append)
+        assert (where / "labels.csv").read_text() == "0,1\n"
+        with pytest.raises(OSError):
+            (where / "new").write_text("x")  # read-only
+        mount_data(spec, where, ssh, logs.append)  # alive: reused, not mounted twice
+        assert sum("mounted" in line for line in logs) == 1
+        subprocess.run(["pkill", "-9", "-f", f"sshfs .*{where}"], check=False)
+        mount_data(spec, where, ssh, logs.append)  # dead: replaced
+        assert (where / "labels.csv").read_text() == "0,1\n" and any("not connected" in line for line in logs)
+    finally:
+        subprocess.run(["fusermount", "-uz", str(where)], check=False, capture_output=True)
+    sshd.authorized_keys.write_text("")  # this box's key is not in door A
+    denied = failure(lambda: mount_data(spec, tmp_path / "mnt2", ssh))
+    assert denied.code == PERMANENT and "permission denied" in denied.message
+    assert 'command="internal-sftp -R"' in denied.fix

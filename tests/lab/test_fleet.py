@@ -247,6 +247,61 @@ def test_a_run_walks_both_workers_in_through_the_door(lab: dict[str, str]) -> No
     assert units == ["enabled", "enabled"]
 
 
+PUBLISHED = """import sys
+print("published args:", " ".join(sys.argv[1:]), flush=True)
+from flodl_agent.demo_rank import main
+main()
+"""
+
+
+def test_a_standing_fleet_picks_up_each_publish_on_its_next_dial(lab: dict[str, str]) -> None:
+    # The operator's project on the controller, published as the service user.
+    made = on(
+        CONTROLLER, "sh", "-c", "mkdir -p /opt/flodl/src && cat > /opt/flodl/src/train.py", user="flodl"
+    )
+    assert made.returncode == 0, made.stderr
+    subprocess.run(
+        ["podman", "exec", "-i", "--user", "flodl", CONTROLLER, "sh", "-c", "cat > /opt/flodl/src/train.py"],
+        input=PUBLISHED,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+
+    def publish(*args: str) -> None:
+        done = on(
+            CONTROLLER,
+            "fdl",
+            "publish",
+            "file:///opt/flodl/src",
+            "--to",
+            "/opt/flodl/run",
+            "--bin",
+            "train.py",
+            "--json",
+            "--",
+            *args,
+            user="flodl",
+        )
+        assert done.returncode == 0 and json.loads(done.stdout)["published"], done.stdout + done.stderr
+
+    # The workers fetch through door B (rrsync, the join key) on every dial.
+    source = json.dumps({"flodl_worker_source": {"from": "rsync://flodl-join@10.89.3.10:2222:/tree"}})
+    try:
+        publish("--first")
+        converged = play(lab, "site.yml", "-e", source)
+        assert converged.returncode == 0, converged.stdout[-4000:]
+        for expected in ("--first", "--second"):
+            if expected == "--second":
+                publish(expected)  # nothing is edited on the workers
+            run = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
+            assert run.returncode == 0, run.stdout[-3000:] + journals()
+            assert run.stdout.count(f"published args: {expected}") == 2, run.stdout[-3000:] + journals()
+    finally:
+        restored = play(lab, "site.yml")
+        assert restored.returncode == 0, restored.stdout[-4000:]
+
+
 def test_a_mistyped_variable_stops_the_play_naming_it(lab: dict[str, str]) -> None:
     bad = play(lab, "site.yml", "-e", "flodl_worker_door_port=abc", "--check")
     assert bad.returncode != 0
