@@ -147,8 +147,8 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
                 "nccl_skew",
                 f"NCCL version skew: this box loads NCCL {hello.nccl}, the cohort {ref.nccl} "
                 f"(from {ref.host})",
-                "align the torch variants so every box loads the same NCCL major.minor, or pin "
-                "one nvidia-nccl wheel across the fleet",
+                f"pin the cohort's NCCL on this box (fdl nccl pin {ref.nccl}), or align the torch "
+                "variants so every box loads the same NCCL major.minor",
                 permanent=True,
             )
     first = cohort.first
