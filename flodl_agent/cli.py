@@ -852,6 +852,138 @@ def nccl_pin(
         out.print(f"        {key}: {escape(value)}")
 
 
+def _fleet_from_cluster(path: Path, role: str, as_json: bool) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a cluster file's workers: every worker must list its GPUs alike."""
+    from .placement import PlacementError
+
+    cluster = _load(path, None, as_json).config.cluster
+    workers = cluster.workers if cluster is not None else []
+    if not workers:
+        raise PlacementError(
+            f"{path} lists no workers", "plan against a cluster file with workers, or --nodes"
+        )
+    counts = []
+    for i, worker in enumerate(workers):
+        offer = worker.local_devices
+        if offer.kind != "gpus" and role != "sandbox":
+            raise PlacementError(
+                f"cluster.workers[{i}] ({worker.host}) offers `{offer}`, not a list of GPUs",
+                "list its GPUs (local_devices: [0, 1, ...]) so they can be counted, or pass --gpus-per-node",
+            )
+        counts.append(len(offer.gpus))
+    if len(set(counts)) > 1:
+        odd = next(i for i, c in enumerate(counts) if c != counts[0])
+        raise PlacementError(
+            f"cluster.workers[{odd}] ({workers[odd].host}) has {counts[odd]} GPUs, cluster.workers[0] "
+            f"({workers[0].host}) {counts[0]}: placement needs nodes of one size",
+            "plan the nodes of each size as their own fleet",
+        )
+    return len(workers), counts[0]
+
+
+@cli.command()
+@click.option(
+    "--tensor", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size."
+)
+@click.option("--pipeline", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline stages.")
+@click.option(
+    "--data", type=click.IntRange(min=1), help="Data-parallel size (default: whatever uses every GPU)."
+)
+@click.option(
+    "--expert", type=click.IntRange(min=1), default=1, show_default=True, help="Expert-parallel size."
+)
+@click.option(
+    "--role", type=click.Choice(["trainer", "inference", "sandbox"]), help="Fleet role (default: env)."
+)
+@click.option("--nodes", type=click.IntRange(min=1), help="Node count.")
+@click.option("--gpus-per-node", type=click.IntRange(min=0), help="GPUs per node.")
+@click.option("--segment-size", type=click.IntRange(min=1), help="Nodes per NVLink segment.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Count nodes and GPUs from this cluster file's workers.",
+)
+@json_opt
+def plan(
+    tensor: int,
+    pipeline: int,
+    data: int | None,
+    expert: int,
+    role: str | None,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    segment_size: int | None,
+    config_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Check a parallelism request against a fleet before anything is claimed.
+
+    The fleet comes from flags, a cluster file's workers (--config), or the
+    DOCKYARD_* environment a container declares. Exit 0 when it can be placed,
+    1 with the arithmetic when it cannot.
+    """
+    from dataclasses import replace
+
+    from .placement import FleetSpec, ParallelismSpec, PlacementError, preflight
+
+    try:
+        env = dict(os.environ)
+        if role:
+            env["DOCKYARD_FLEET_ROLE"] = role
+        if config_file is not None:
+            nodes, gpus_per_node = _fleet_from_cluster(
+                config_file, env.get("DOCKYARD_FLEET_ROLE", "trainer"), as_json
+            )
+            env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
+        for name, value in (
+            ("DOCKYARD_NUM_NODES", nodes),
+            ("DOCKYARD_GPUS_PER_NODE", gpus_per_node),
+            ("DOCKYARD_SEGMENT_SIZE", segment_size),
+        ):
+            if value is not None:
+                env[name] = str(value)
+        fleet = FleetSpec.from_env(env)
+        spec = ParallelismSpec(tensor, pipeline, 1, expert)
+        if data is None and fleet.total_gpus and fleet.total_gpus % spec.replica == 0:
+            data = fleet.total_gpus // spec.replica
+        result = preflight(replace(spec, data=data or 1), fleet)
+    except PlacementError as exc:
+        if as_json:
+            _emit_json({"ok": False, "error": exc.message, "fix": exc.fix})
+        else:
+            err.print(f"fdl plan: {exc.render()}", style="red", markup=False)
+        raise SystemExit(1) from None
+    payload = {
+        "ok": True,
+        "fleet": {
+            "role": fleet.role,
+            "nodes": fleet.num_nodes,
+            "gpus_per_node": fleet.gpus_per_node,
+            "strategy": fleet.placement_strategy,
+            "segment_size": fleet.segment_size,
+        },
+        "parallelism": {"tensor": tensor, "pipeline": pipeline, "data": data, "expert": expert},
+        "replica_gpus": result.replica_gpus,
+        "replicas": result.replicas,
+        "unified": result.unified,
+        "notes": result.notes,
+    }
+    if as_json:
+        _emit_json(payload)
+        return
+    out.print(
+        f"[green]placeable[/]: {fleet.role} fleet, {fleet.num_nodes} nodes x {fleet.gpus_per_node} GPUs "
+        f"({fleet.placement_strategy}); tensor {tensor} x pipeline {pipeline} x data {data} (expert {expert})"
+    )
+    out.print(
+        f"  {result.replicas} replicas of {result.replica_gpus} GPUs, "
+        + ("one unified cross-node placement group each" if result.unified else "per-node STRICT_PACK groups")
+    )
+    for note in result.notes:
+        out.print(f"  note: {escape(note)}")
+
+
 def _internal_error(exc: BaseException) -> NoReturn:
     if os.environ.get("FDL_DEBUG"):
         raise exc

@@ -232,3 +232,43 @@ def test_selection_invariants(topology: dict[str, tuple[str, int]], size: int, s
     assert all(topology[n][0] != UNKNOWN for n in selected)  # the unknown pseudo-domain is never chosen
     for i in range(0, wanted, size):  # no segment spans two domains
         assert len({topology[n][0] for n in selected[i : i + size]}) == 1
+
+
+# --- fdl plan ------------------------------------------------------------------------
+
+
+def test_fdl_plan_checks_a_request_against_flags_a_cluster_file_or_the_environment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from click.testing import CliRunner
+
+    from flodl_agent.cli import cli
+
+    runner = CliRunner()
+    ok = runner.invoke(
+        cli, ["plan", "--role", "trainer", "--nodes", "2", "--gpus-per-node", "8", "--tensor", "4", "--json"]
+    )
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(ok.output)
+    assert report["parallelism"]["data"] == 4 and report["replicas"] == 4 and not report["unified"]
+    env = {"DOCKYARD_FLEET_ROLE": "inference", "DOCKYARD_NUM_NODES": "2", "DOCKYARD_GPUS_PER_NODE": "4"}
+    unified = runner.invoke(cli, ["plan", "--tensor", "8", "--json"], env=env)
+    assert json.loads(unified.output)["unified"] is True
+    bad = runner.invoke(cli, ["plan", "--tensor", "4", "--expert", "6"], env=env)
+    assert bad.exit_code == 1 and "(6 % 4 = 2)" in bad.output
+    cluster = tmp_path / "fdl.cluster.yml"
+    cluster.write_text(
+        json.dumps(
+            {
+                "cluster": {
+                    "controller": {"host": "10.0.0.1"},
+                    "workers": [
+                        {"host": "gpu-a", "local_devices": [0, 1, 2, 3], "nccl_socket_ifname": "eth0"},
+                        {"host": "gpu-b", "local_devices": [0, 1], "nccl_socket_ifname": "eth0"},
+                    ],
+                }
+            }
+        )
+    )
+    uneven = runner.invoke(cli, ["plan", "--config", str(cluster), "--tensor", "2"], env={})
+    assert uneven.exit_code == 1 and "cluster.workers[1] (gpu-b) has 2 GPUs" in uneven.output
