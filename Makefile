@@ -15,7 +15,7 @@ system-deps:
 $(STAMP): pyproject.toml | system-deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,ansible]'
+	$(PY) -m pip install --quiet -e '.[dev,ansible,ray]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: setup
