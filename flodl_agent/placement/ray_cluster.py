@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -75,6 +76,15 @@ def _start_head(key: str, env: Mapping[str, str], state: Path) -> str:
     return address
 
 
+def _answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def init_ray(env: Mapping[str, str] | None = None, state: Path | None = None) -> str:
     """Connect this process to Ray; the address it attached to."""
     ray = _ray()
@@ -87,12 +97,15 @@ def init_ray(env: Mapping[str, str] | None = None, state: Path | None = None) ->
     key = local_key(env)
     recorded = state / f"{key}.json"
     if recorded.exists():
-        address = json.loads(recorded.read_text())["address"]
-        try:
-            ray.init(address=address, runtime_env=runtime_env, ignore_reinit_error=True)
-            return str(address)
-        except (ConnectionError, RuntimeError, ValueError):
-            recorded.unlink()  # that head is gone: start a fresh one
+        address = str(json.loads(recorded.read_text())["address"])
+        # ray.init retries a dead address for minutes: ask its port first.
+        if _answers(address):
+            try:
+                ray.init(address=address, runtime_env=runtime_env, ignore_reinit_error=True)
+                return address
+            except (ConnectionError, RuntimeError, ValueError):
+                pass
+        recorded.unlink()  # that head is gone: start a fresh one
     address = _start_head(key, env, state)
     ray.init(address=address, runtime_env=runtime_env, ignore_reinit_error=True)
     return address
