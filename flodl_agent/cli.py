@@ -282,6 +282,12 @@ def _token_or_exit(option: str | None) -> str | None:
     help="Seconds an averaging round may wait for its last host before the run ends with ShutdownWithSave.",
 )
 @click.option(
+    "--parallelism",
+    callback=lambda _ctx, _param, value: _parallelism(value),
+    help="tensor=N,pipeline=N[,data=N][,expert=N]: the formed world (hosts as nodes, ranks per host "
+    "as GPUs) must satisfy it, or the run fails at formation with the arithmetic.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -297,6 +303,7 @@ def launch(
     fanout: bool,
     max_failure: str,
     stall_ceiling: float,
+    parallelism: dict[str, int] | None,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
@@ -314,8 +321,21 @@ def launch(
         fanout=fanout,
         max_failure=max_failure,
         stall_ceiling=stall_ceiling,
+        parallelism=parallelism,
     )
     _launch_loaded(loaded, config_file, options, as_json)
+
+
+def _parallelism(value: str | None) -> dict[str, int] | None:
+    from .placement import PlacementError
+    from .placement.parallel import parse_parallelism
+
+    if value is None:
+        return None
+    try:
+        return parse_parallelism(value)
+    except PlacementError as exc:
+        raise click.BadParameter(exc.render(), param_hint="--parallelism") from None
 
 
 def _max_failure(value: str) -> str:

@@ -39,6 +39,8 @@ from .messages import (
 )
 from .messages import parse as parse_message
 from .net import is_loopback, join_address, keepalive
+from .placement.fleet import PlacementError
+from .placement.parallel import check_world
 from .ranks import RankRange, assign_contiguous
 from .rendezvous import RouteError, StreamRouter
 from .window import Fail, Form, Keep, Window, WindowConfig
@@ -91,6 +93,7 @@ class Settings:
     shutdown_grace: float = 60.0  # seconds survivors get to save before the run is aborted
     stall_ceiling: float = 600.0  # seconds an averaging round may wait for its last host
     heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
+    parallelism: dict[str, int] | None = None  # tensor/pipeline/data/expert the formed world must satisfy
 
 
 def failure_budget(spec: str, world_size: int) -> int:
@@ -226,6 +229,13 @@ class Controller:
         # walk-ins follow in admission order.
         place = {host: i for i, host in enumerate(self.settings.roster)}
         members = sorted(decision.members, key=lambda m: place.get(m.host, len(place)))
+        if self.settings.parallelism:
+            try:
+                check_world(self.settings.parallelism, [m.ranks for m in members])
+            except PlacementError as exc:
+                reason = f"the formed world cannot satisfy the parallelism request: {exc.message}"
+                self._apply(self.window.fail(reason, self.clock()))
+                return
         ranges = assign_contiguous([(m.host, m.ranks) for m in members])
         common = {
             "world_size": ranges[-1].stop if ranges else 0,

@@ -31,6 +31,7 @@ class LaunchOptions:
     fanout: bool = True
     max_failure: str = "0"
     stall_ceiling: float = 600.0
+    parallelism: dict[str, int] | None = None
 
 
 def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]) -> Controller:
@@ -59,6 +60,7 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         roster=[w.host for w in cluster.workers],
         max_failure=options.max_failure,
         stall_ceiling=options.stall_ceiling,
+        parallelism=options.parallelism,
     )
     return Controller(settings, log=log)
 

@@ -110,3 +110,43 @@ def preflight(spec: ParallelismSpec, fleet: FleetSpec) -> Plan:
     if fleet.role == "inference":
         notes.append("the inference fleet promotes its engines to a unified group automatically")
     return Plan(replica, d, True, fleet.placement_strategy, [g] * n, notes)
+
+
+SIZES = ("tensor", "pipeline", "data", "expert")
+
+
+def parse_parallelism(text: str) -> dict[str, int]:
+    """``tensor=2,pipeline=2[,data=N][,expert=N]`` -> sizes (data left out: whatever fills the world)."""
+    sizes: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or name not in SIZES:
+            raise PlacementError(
+                f"`{item}` is not a parallel size", f"write name=N with name one of {', '.join(SIZES)}"
+            )
+        if not value.isdigit() or int(value) < 1:
+            raise PlacementError(f"{name}={value}: sizes are whole numbers >= 1", f"e.g. {name}=2")
+        sizes[name] = int(value)
+    if not sizes:
+        raise PlacementError("no parallel sizes given", "e.g. tensor=2,pipeline=2")
+    return sizes
+
+
+def check_world(sizes: dict[str, int], ranks_per_host: list[int]) -> Plan:
+    """A formed world (ranks per host, as nodes of a trainer fleet) against requested sizes."""
+    from .fleet import FleetSpec
+
+    if not ranks_per_host:
+        raise PlacementError("no host joined", "")
+    if len(set(ranks_per_host)) > 1:
+        raise PlacementError(
+            f"the hosts carry {', '.join(map(str, sorted(set(ranks_per_host))))} ranks: "
+            "a parallelism request needs hosts of one size",
+            "offer the same number of devices on every host",
+        )
+    fleet = FleetSpec("trainer", len(ranks_per_host), ranks_per_host[0])
+    spec = ParallelismSpec(**{k: v for k, v in sizes.items() if k != "data"})
+    data = sizes.get("data")
+    if data is None:
+        data = max(1, fleet.total_gpus // spec.replica)
+    return preflight(ParallelismSpec(spec.tensor, spec.pipeline, data, spec.expert), fleet)
