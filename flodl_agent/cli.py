@@ -13,6 +13,7 @@ import os
 import shlex
 import signal
 import socket
+import subprocess
 import sys
 import time
 from importlib import resources
@@ -901,6 +902,29 @@ def _fleet_from_cluster(path: Path, role: str, as_json: bool) -> tuple[int, int]
     return len(workers), counts[0]
 
 
+def _fleet_from_ray(address: str, wanted: int | None, segment_size: int | None) -> tuple[int, int, list[str]]:
+    """(nodes, GPUs per node, the segment selection) read from a live Ray cluster; ``wanted``
+    nodes of it (default: every GPU node)."""
+    from .placement import PlacementError
+    from .placement.ray_cluster import _ray, live_fleet
+    from .placement.segments import decode_topology, select_segment_nodes
+
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    live = ray.nodes()
+    nodes, gpus = live_fleet(live)
+    if wanted is not None and wanted > nodes:
+        raise PlacementError(
+            f"--nodes {wanted}: the Ray cluster has {nodes} alive GPU nodes", "ask for at most that many"
+        )
+    nodes = wanted or nodes
+    chosen: list[str] = []
+    if segment_size is not None:
+        chosen, _ = select_segment_nodes(decode_topology(live), segment_size, nodes)
+    return nodes, gpus, chosen
+
+
 @cli.command()
 @click.option(
     "--tensor", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size."
@@ -924,6 +948,12 @@ def _fleet_from_cluster(path: Path, role: str, as_json: bool) -> tuple[int, int]
     type=click.Path(path_type=Path, dir_okay=False),
     help="Count nodes and GPUs from this cluster file's workers.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    help="Count nodes and GPUs on this live Ray cluster (`auto`: RAY_ADDRESS or the local one); "
+    "with --segment-size, also pick the segments from its NVLink topology.",
+)
 @json_opt
 def plan(
     tensor: int,
@@ -935,6 +965,7 @@ def plan(
     gpus_per_node: int | None,
     segment_size: int | None,
     config_file: Path | None,
+    ray_address: str | None,
     as_json: bool,
 ) -> None:
     """Check a parallelism request against a fleet before anything is claimed.
@@ -951,10 +982,14 @@ def plan(
         env = dict(os.environ)
         if role:
             env["DOCKYARD_FLEET_ROLE"] = role
+        segments: list[str] = []
         if config_file is not None:
             nodes, gpus_per_node = _fleet_from_cluster(
                 config_file, env.get("DOCKYARD_FLEET_ROLE", "trainer"), as_json
             )
+            env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
+        if ray_address is not None:
+            nodes, gpus_per_node, segments = _fleet_from_ray(ray_address, nodes, segment_size)
             env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
         for name, value in (
             ("DOCKYARD_NUM_NODES", nodes),
@@ -988,6 +1023,7 @@ def plan(
         "replicas": result.replicas,
         "unified": result.unified,
         "notes": result.notes,
+        "segment_nodes": segments,
     }
     if as_json:
         _emit_json(payload)
@@ -1002,6 +1038,40 @@ def plan(
     )
     for note in result.notes:
         out.print(f"  note: {escape(note)}")
+    if segments:
+        out.print(f"  segments: {escape(', '.join(segments))}")
+
+
+@cli.group()
+def placement() -> None:
+    """Fleet placement on Ray (seed 001)."""
+
+
+@placement.command("resources")
+@click.option(
+    "--smi",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Read this `nvidia-smi -q` output instead of running nvidia-smi.",
+)
+def placement_resources(smi: Path | None) -> None:
+    """Print this node's topology resources as JSON, for `ray start --resources=...`.
+
+    nvlink_domain_<fabric> from nvidia-smi -q and topo_rank from SLURM_NODEID
+    (encoded rank + 1: a resource of quantity 0 vanishes from Ray). A node
+    without an NVLink fabric prints {} and is never chosen for a segment.
+    """
+    import shutil
+
+    from .placement import topology_resources
+
+    if smi is not None:
+        text = smi.read_text()
+    elif shutil.which("nvidia-smi"):
+        proc = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True, timeout=60, check=False)
+        text = proc.stdout if proc.returncode == 0 else ""
+    else:
+        text = ""
+    click.echo(json.dumps(topology_resources(text, os.environ), sort_keys=True))
 
 
 def _internal_error(exc: BaseException) -> NoReturn:

@@ -260,3 +260,24 @@ def build_cluster(
         name=f"flodl-{spec.role}",
         node_domains=domains,
     )
+
+
+def live_fleet(nodes: list[Mapping[str, Any]]) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a live cluster's alive GPU nodes (``ray.nodes()``)."""
+    counts = {
+        str(n["NodeID"]): int(float((n.get("Resources") or {}).get("GPU", 0)))
+        for n in nodes
+        if n.get("Alive", True) and float((n.get("Resources") or {}).get("GPU", 0)) > 0
+    }
+    if not counts:
+        raise PlacementError(
+            "the Ray cluster has no alive node with GPUs", "start Ray on the GPU nodes first"
+        )
+    sizes = sorted(set(counts.values()))
+    if len(sizes) > 1:
+        raise PlacementError(
+            f"the Ray cluster's GPU nodes hold {', '.join(map(str, sizes))} GPUs: "
+            "placement needs nodes of one size",
+            "plan the nodes of each size as their own fleet",
+        )
+    return len(counts), sizes[0]

@@ -139,3 +139,24 @@ def test_a_node_removed_mid_run_leaves_the_topology_and_its_segment(cluster: tup
     assert sorted(v for v in after.values() if v[0] != UNKNOWN) == sorted(NODES[:3])
     with pytest.raises(PlacementError, match="need 2 complete segments; the NVLink domains hold 1"):
         select_segment_nodes(after, 2, 4)
+
+
+def test_fdl_plan_reads_the_live_cluster_and_picks_its_segments(cluster: tuple[Any, list[Any]]) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from flodl_agent.cli import cli
+
+    lab, _ = cluster
+    runner = CliRunner()
+    shown = runner.invoke(
+        cli, ["plan", "--ray", lab.address, "--nodes", "2", "--segment-size", "2", "--tensor", "2", "--json"]
+    )
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.output)
+    assert report["fleet"]["gpus_per_node"] == 2 and report["parallelism"]["data"] == 2
+    topology = get_ray_cluster_topology()
+    assert {topology[n][0] for n in report["segment_nodes"]} == {"A"}
+    refused = runner.invoke(cli, ["plan", "--ray", lab.address, "--nodes", "2", "--tensor", "4"])
+    assert refused.exit_code == 1 and "tensor-parallel size 4 exceeds a node's 2 GPUs" in refused.output

@@ -272,3 +272,23 @@ def test_fdl_plan_checks_a_request_against_flags_a_cluster_file_or_the_environme
     )
     uneven = runner.invoke(cli, ["plan", "--config", str(cluster), "--tensor", "2"], env={})
     assert uneven.exit_code == 1 and "cluster.workers[1] (gpu-b) has 2 GPUs" in uneven.output
+
+
+def test_fdl_placement_resources_prints_what_ray_start_takes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from click.testing import CliRunner
+
+    from flodl_agent.cli import cli
+
+    smi = tmp_path / "smi.txt"
+    smi.write_text(
+        "    Fabric\n        CliqueId : 3\n        ClusterUUID : 2CC9B0F4-1111-2222-3333-444455556666\n"
+    )
+    shown = CliRunner().invoke(cli, ["placement", "resources", "--smi", str(smi)], env={"SLURM_NODEID": "5"})
+    assert shown.exit_code == 0
+    resources = json.loads(shown.output)
+    assert resources == {"nvlink_domain_2cc9b0f4111122223333444455556666_3": 1.0, "topo_rank": 6.0}
+    # What a node registers decodes back to its domain and rank.
+    decoded = decode_topology([{"NodeID": "n", "Alive": True, "Resources": resources}])
+    assert decoded == {"n": ("2cc9b0f4111122223333444455556666_3", 5)}
