@@ -29,7 +29,7 @@ from . import wire
 from .averaging import DATA_MAX, AverageRelay
 from .config.devices import DeviceOffer
 from .config.models import Source, Ssh
-from .errors import Failure
+from .errors import CLEAN, PERMANENT, TRANSIENT, Failure
 from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Reject, Stream, WorldFormed
 from .messages import parse as parse_message
 from .net import DEAD_MOUNT, join_address, keepalive, socket_ifnames, ssh_argv
@@ -37,7 +37,6 @@ from .prepare import Prepared, PrepareFailure, mount_data, prepare
 from .rendezvous import StreamRelay, serve_store
 from .signature import dataset_signature
 
-CLEAN, TRANSIENT, PERMANENT = 0, 1, 2
 DIAL_TIMEOUT = 10.0
 TUNNEL_TIMEOUT = 20.0
 KILL_GRACE = 5.0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# An agent's exit codes: done, try again (re-dial), stop (nothing a re-dial can fix).
+CLEAN, TRANSIENT, PERMANENT = 0, 1, 2
+
 
 class Failure(Exception):
     """A cause and its fix, worded for the person who has to act on it."""

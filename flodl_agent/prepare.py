@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config.models import Source, Ssh
-from .errors import Failure
+from .errors import PERMANENT, TRANSIENT, Failure
 from .net import DEAD_MOUNT, ssh_argv
 from .publish import (
     DIGEST_FILE,
@@ -40,13 +40,16 @@ from .publish import (
     MANIFEST,
     Manifest,
     PublishError,
+    PublishRequest,
+    digest_lines,
+    digest_of,
+    fetch_git,
     mirror_argv,
     read_manifest,
     verify,
 )
 from .sources import SourceSpec, parse_data_source, parse_source
 
-PERMANENT, TRANSIENT = 2, 1
 STAMP = ".fdl-built"  # in <stage>/build: the digest and build line of the last good build
 BUILD_TAIL = 20
 # What the fetch leaves out: caches and virtualenvs, never the run's manifest or sidecar.
@@ -159,10 +162,8 @@ def fetch(source: Source, stage: Path, ssh: Ssh | None) -> Path:
         user = spec.user or ssh.user
         origin = f"{user + '@' if user else ''}{spec.host}:{spec.path}"
     else:
-        from .publish import PublishRequest, _fetch_git
-
         try:
-            _fetch_git(PublishRequest(spec, stage, identity=ssh.identity_file if ssh else None), stage)
+            fetch_git(PublishRequest(spec, stage, identity=ssh.identity_file if ssh else None), stage)
         except PublishError as exc:
             raise PrepareFailure(exc.message, exc.fix) from None
         origin, rsh = str(stage / "checkout"), None
@@ -349,8 +350,6 @@ def prepare(
         digest = manifest.digest
     else:
         cwd, build, entry, args = source.cwd or ".", source.build, source.bin, list(local_args or [])
-        from .publish import digest_lines, digest_of
-
         digest = digest_of(digest_lines(tree))
     where = tree / cwd
     if not where.is_dir() or not where.resolve().is_relative_to(tree.resolve()):

@@ -213,7 +213,7 @@ def _mirror(source: str, tree: Path, rsh: list[str] | None = None) -> None:
     )
 
 
-def _fetch_git(request: PublishRequest, served: Path) -> str:
+def fetch_git(request: PublishRequest, served: Path) -> str:
     """Check the pinned ref out into ``<served>/checkout``; the commit it resolved to."""
     spec = request.source
     assert spec.url is not None and spec.ref is not None
@@ -267,7 +267,7 @@ def _fetch(request: PublishRequest, tree: Path) -> str:
         assert destination is not None
         _mirror(f"{destination}:{spec.path}", tree, rsh=_ssh_command(request, spec.port))
         return str(spec)
-    commit = _fetch_git(request, request.served)
+    commit = fetch_git(request, request.served)
     _mirror(str(request.served / CHECKOUT), tree)
     return f"{spec} ({commit})"
 
