@@ -57,6 +57,7 @@ class Facts:
     cache: dict[str, Any] = field(default_factory=dict)  # path, writable, free, fstype
     controller: dict[str, Any] = field(default_factory=dict)  # addr, phase or error
     port: dict[str, Any] = field(default_factory=dict)  # controller side: port, free, answered
+    tools: dict[str, bool] = field(default_factory=dict)  # walk-in tooling on PATH (and /dev/fuse)
 
 
 # --- the pure part --------------------------------------------------------------
@@ -68,10 +69,51 @@ def check(facts: Facts, join: Join | None = None, cluster: Cluster | None = None
     if join is not None:
         found += _ifname(join.nccl_socket_ifname or "", facts.interfaces, "join.nccl_socket_ifname")
         found += _data(facts)
+        found += _tooling(join, facts)
         found += _cache(facts)
         found += _controller(facts)
     if cluster is not None:
         found += _cluster(cluster, facts)
+    return found
+
+
+# The Debian package behind each tool a walk-in's transports drive.
+TOOL_PACKAGES = {"rsync": "rsync", "git": "git", "ssh": "openssh-client", "sshfs": "sshfs", "fuse": "fuse3"}
+
+
+def needed_tools(join: Join) -> dict[str, str]:
+    """Tool -> why, for the transports this join block names."""
+    need: dict[str, str] = {}
+    if join.ssh is not None:
+        need["ssh"] = "join.ssh dials through a tunnel"
+    if join.source is not None:
+        scheme = join.source.from_.partition("://")[0]
+        need["rsync"] = f"join.source fetches with rsync ({scheme}://)"
+        if scheme.startswith("git+"):
+            need["git"] = f"join.source is a {scheme} spec"
+        if scheme in ("rsync", "git+ssh"):
+            need["ssh"] = f"join.source goes over ssh ({scheme}://)"
+    if join.data_source is not None:
+        need["sshfs"] = "join.data_source mounts over sshfs"
+        need["fuse"] = "an sshfs mount needs /dev/fuse"
+    return need
+
+
+def _tooling(join: Join, facts: Facts) -> list[Finding]:
+    need = needed_tools(join)
+    missing = [tool for tool in need if not facts.tools.get(tool, False)]
+    found = [
+        Finding(
+            "tools",
+            "fail",
+            f"{tool} is missing: {need[tool]}",
+            f"apt-get install {TOOL_PACKAGES[tool]}"
+            + (" (and give containers /dev/fuse)" if tool == "fuse" else ""),
+        )
+        for tool in missing
+    ]
+    if need and not missing:
+        found.append(Finding("tools", "ok", f"walk-in tooling present: {', '.join(sorted(need))}"))
     return found
 
 
@@ -289,6 +331,10 @@ def _cluster(cluster: Cluster, facts: Facts) -> list[Finding]:
 def gather(join: Join | None, cluster: Cluster | None, dial: bool = True) -> Facts:
     facts = Facts(torch=_torch_facts(), gpus=_gpu_tools(), interfaces=_interfaces())
     if join is not None:
+        facts.tools = {
+            tool: (Path("/dev/fuse").exists() if tool == "fuse" else shutil.which(tool) is not None)
+            for tool in needed_tools(join)
+        }
         if join.data_path:
             facts.data = _data_facts(join.data_path)
         facts.cache = _cache_facts(Path.home() / ".flodl" / "data")

@@ -75,3 +75,26 @@ def test_the_cache_on_tmpfs_or_nearly_full_is_reported_not_refused() -> None:
     assert [f.level for f in found] == ["ok", "warn", "warn"]
     locked = {"path": "/x", "writable": False, "error": "Read-only file system"}
     assert levels(check(Facts(torch=CPU_TORCH, cache=locked), Join()), "cache") == ["fail"]
+
+
+def test_walk_in_tooling_follows_the_transports_the_join_block_names() -> None:
+    join = Join.model_validate(
+        {
+            "source": {"from": "git+ssh://git.example.com/o/r#v1"},
+            "data_path": "/flodl/data",
+            "data_source": "sshfs://flodl-data@ctrl:2222:/",
+        }
+    )
+    facts = Facts(torch=Torch(version="2.13.0", gloo=True))
+    facts.tools = {"rsync": True, "git": False, "ssh": True, "sshfs": False, "fuse": False}
+    failed = {f.message: f.fix for f in check(facts, join) if f.check == "tools"}
+    assert failed == {
+        "git is missing: join.source is a git+ssh spec": "apt-get install git",
+        "sshfs is missing: join.data_source mounts over sshfs": "apt-get install sshfs",
+        "fuse is missing: an sshfs mount needs /dev/fuse": (
+            "apt-get install fuse3 (and give containers /dev/fuse)"
+        ),
+    }
+    facts.tools = dict.fromkeys(facts.tools, True)
+    assert levels(check(facts, join), "tools") == ["ok"]
+    assert levels(check(facts, Join()), "tools") == []  # a join naming no transport needs none
