@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from bench.walkins import free_port, run_world
 
 ROUNDS = 5
 
@@ -65,8 +66,6 @@ dist.destroy_process_group()
 def hub(ranks: int, numel: int, bf16: bool) -> float:
     """Seconds per round through the controller (the slowest rank's); each host's agent
     runs in a process of its own, as on a real fleet."""
-    from bench.walkins import run_world
-
     out = tempfile.mkdtemp()
     command = [sys.executable, "-c", HUB_RANK, str(numel), str(ROUNDS), "1" if bf16 else "0", out]
     run_world(command, [(f"h{i}", 1) for i in range(ranks)])
@@ -75,9 +74,7 @@ def hub(ranks: int, numel: int, bf16: bool) -> float:
 
 def gloo(ranks: int, numel: int) -> float:
     out = tempfile.mkdtemp()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", GLOO_RANK, str(numel), str(ROUNDS), out],

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.walkins import free_port
+
 RANK = """
 import json, os, sys, time
 import torch
@@ -62,14 +64,6 @@ if rank == 0:
 dist.barrier()
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torchrun(steps: int, work: Path) -> tuple[float, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 
 from flodl_agent.controller import Controller, Settings
@@ -17,6 +18,12 @@ port, host, cpus = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 options = AgentOptions(controller_port=port, host=host, devices=DeviceOffer("cpu", cpus=cpus))
 sys.exit(asyncio.run(join_once(options, lambda _: None)))
 """
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run_world(command: list[str], hosts: list[tuple[str, int]], env: dict[str, str] | None = None) -> None:

@@ -906,10 +906,10 @@ def _fleet_from_ray(address: str, wanted: int | None, segment_size: int | None) 
     """(nodes, GPUs per node, the segment selection) read from a live Ray cluster; ``wanted``
     nodes of it (default: every GPU node)."""
     from .placement import PlacementError
-    from .placement.ray_cluster import _ray, live_fleet
+    from .placement.ray_cluster import live_fleet, ray_module
     from .placement.segments import decode_topology, select_segment_nodes
 
-    ray = _ray()
+    ray = ray_module()
     if not ray.is_initialized():
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     live = ray.nodes()

@@ -46,12 +46,12 @@ from .publish import (
     fetch_git,
     mirror_argv,
     read_manifest,
+    run_build,
     verify,
 )
 from .sources import SourceSpec, parse_data_source, parse_source
 
 STAMP = ".fdl-built"  # in <stage>/build: the digest and build line of the last good build
-BUILD_TAIL = 20
 # What the fetch leaves out: caches and virtualenvs, never the run's manifest or sidecar.
 FETCH_EXCLUDES = tuple(e for e in EXCLUDES if e not in (f"/{MANIFEST}", f"/{DIGEST_FILE}"))
 # Tools a build may need that re-dialling cannot install: the Debian package that has each.
@@ -100,15 +100,25 @@ def missing_package(output: str) -> tuple[str, str] | None:
     return None
 
 
+def _host_key_refused(ssh_output: str) -> bool:
+    return (
+        "Host key verification failed" in ssh_output or "REMOTE HOST IDENTIFICATION HAS CHANGED" in ssh_output
+    )
+
+
+def _host_key_failure(doing: str) -> PrepareFailure:
+    return PrepareFailure(
+        f"{doing}: the host key does not match the pin",
+        "pin the controller's real host key in known_hosts (the worker role does); never turn checks off",
+        PERMANENT,
+    )
+
+
 def _fetch_failure(spec: SourceSpec, output: str) -> PrepareFailure:
     text = output.strip()
     last = " / ".join(text.splitlines()[-3:]) or "no output"
-    if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text:
-        return PrepareFailure(
-            f"fetching {spec}: the host key does not match the pin",
-            "pin the controller's real host key in known_hosts (the worker role does); never turn checks off",
-            PERMANENT,
-        )
+    if _host_key_refused(text):
+        return _host_key_failure(f"fetching {spec}")
     if "not available" in text or "protocol version mismatch" in text or "This service allows sftp" in text:
         return PrepareFailure(
             f"fetching {spec} refused: this box's key opens the join door for the tunnel only ({last})",
@@ -251,12 +261,8 @@ def mount_data(
             "and the worker's key in the door's keys)",
             PERMANENT,
         )
-    if "Host key verification failed" in text:
-        raise PrepareFailure(
-            f"mounting {data_source}: the host key does not match the pin",
-            "pin the controller's real host key in known_hosts (the worker role does); never turn checks off",
-            PERMANENT,
-        )
+    if _host_key_refused(text):
+        raise _host_key_failure(f"mounting {data_source}")
     if "fuse" in text.lower() and ("device" in text or "permitted" in text):
         raise PrepareFailure(
             f"mounting {data_source}: this box cannot mount FUSE filesystems ({last})",
@@ -291,16 +297,10 @@ def _build(
         )
     if build:
         log(f"building: {build}  (in {built / cwd})")
-        env = dict(os.environ)
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        proc = _run(["sh", "-c", build], cwd=built / cwd, env=env)
-        if proc.returncode != 0:
-            output = (proc.stdout + proc.stderr).strip()
-            tail = "\n".join(f"    | {line}" for line in output.splitlines()[-BUILD_TAIL:])
-            message = f"the source does not build: `{build}` exited {proc.returncode}" + (
-                f"\n{tail}" if tail else ""
-            )
-            missing = missing_package(output)
+        done = run_build(build, built / cwd)
+        if done.returncode != 0:
+            message = done.failure()
+            missing = missing_package(done.output)
             if missing is not None:
                 tool, package = missing
                 raise PrepareFailure(

@@ -57,7 +57,7 @@ EXCLUDES = (
 SKIP_DIRS = frozenset(
     {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox"}
 )
-GATE_TAIL = 20  # lines of a failed build shown
+BUILD_TAIL = 20  # lines of a failed build shown
 
 
 class PublishError(Failure):
@@ -272,6 +272,33 @@ def _fetch(request: PublishRequest, tree: Path) -> str:
     return f"{spec} ({commit})"
 
 
+@dataclass(frozen=True)
+class Build:
+    """A build line's outcome: its exit code and its output (stdout, then stderr)."""
+
+    line: str
+    returncode: int
+    output: str
+
+    def failure(self, where: str = "") -> str:
+        """The failure as seed 003 words it, with the output's last lines."""
+        tail = "\n".join(f"    | {line}" for line in self.output.splitlines()[-BUILD_TAIL:])
+        return f"the source does not build: `{self.line}` exited {self.returncode}{where}" + (
+            f"\n{tail}" if tail else ""
+        )
+
+
+def run_build(line: str, workdir: Path, env: dict[str, str] | None = None) -> Build:
+    """Run a build line with this interpreter's venv first on PATH (the variant that runs the ranks)."""
+    full = dict(os.environ)
+    full["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), full.get("PATH", "")])
+    full.update(env or {})
+    proc = subprocess.run(
+        ["sh", "-c", line], cwd=workdir, env=full, capture_output=True, text=True, check=False
+    )
+    return Build(line, proc.returncode, (proc.stdout + proc.stderr).strip())
+
+
 def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> str:
     """Build once in a scratch copy of the tree; the build's output."""
     gate = request.served / GATE
@@ -280,20 +307,11 @@ def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> st
     workdir = gate / request.cwd
     assert request.build is not None
     log(f"gate: {request.build}  (in {workdir})")
-    env = dict(os.environ)
-    # The controller's own environment builds: its venv first on PATH, the CPU variant.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["FDL_TORCH_VARIANT"] = "cpu"
-    proc = subprocess.run(
-        ["sh", "-c", request.build], cwd=workdir, env=env, capture_output=True, text=True, check=False
-    )
-    output = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0:
-        tail = "\n".join(f"    | {line}" for line in output.splitlines()[-GATE_TAIL:])
+    # The controller's own environment builds: its venv, the CPU variant.
+    build = run_build(request.build, workdir, {"FDL_TORCH_VARIANT": "cpu"})
+    if build.returncode != 0:
         raise PublishError(
-            f"the source does not build: `{request.build}` exited {proc.returncode} in {request.cwd}"
-            + (f"\n{tail}" if tail else ""),
-            "fix the build and publish again; nothing was published",
+            build.failure(f" in {request.cwd}"), "fix the build and publish again; nothing was published"
         )
     entry = workdir / request.bin if request.bin else None
     if entry is not None and not entry.exists():
@@ -301,7 +319,7 @@ def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> st
             f"the build succeeded but bin: {request.bin} is not there (looked in {request.cwd}/)",
             "bin is relative to cwd: point it at what the build produces",
         )
-    return output
+    return build.output
 
 
 def publish(request: PublishRequest, log: Callable[[str], None] = lambda _: None) -> PublishReport:

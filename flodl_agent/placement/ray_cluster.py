@@ -33,7 +33,7 @@ DOMAIN_SHARE = 0.001  # a bundle asks this much of its node's domain resource: p
 STATE = Path("~/.flodl/ray")
 
 
-def _ray() -> Any:
+def ray_module() -> Any:
     try:
         import ray
     except ImportError:
@@ -87,7 +87,7 @@ def _answers(address: str) -> bool:
 
 def init_ray(env: Mapping[str, str] | None = None, state: Path | None = None) -> str:
     """Connect this process to Ray; the address it attached to."""
-    ray = _ray()
+    ray = ray_module()
     env = dict(os.environ if env is None else env)
     runtime_env = _runtime_env(env)
     if env.get("RAY_ADDRESS"):
@@ -113,7 +113,7 @@ def init_ray(env: Mapping[str, str] | None = None, state: Path | None = None) ->
 
 def get_ray_cluster_topology() -> dict[str, tuple[str, int]]:
     """node id -> (NVLink domain, topological rank), read from the live cluster."""
-    return decode_topology(_ray().nodes())
+    return decode_topology(ray_module().nodes())
 
 
 class RayVirtualCluster:
@@ -170,7 +170,7 @@ class RayVirtualCluster:
         """Create the groups and wait (bounded) until Ray placed them; call before any worker."""
         if self._groups:
             return self._groups
-        ray = _ray()
+        ray = ray_module()
         from ray.util.placement_group import placement_group, remove_placement_group
 
         strategy = self.placement_group_strategy if self.unified else "STRICT_PACK"
@@ -183,7 +183,10 @@ class RayVirtualCluster:
         except ray.exceptions.GetTimeoutError:
             for group in groups:
                 remove_placement_group(group)
-            raise PlacementError(self._unplaceable(ray, strategy, timeout), self._fix()) from None
+            raise PlacementError(
+                self._unplaceable(ray, strategy, timeout),
+                "add nodes with those resources, or ask for fewer (fdl plan checks a request first)",
+            ) from None
         self._groups = groups
         return groups
 
@@ -211,9 +214,6 @@ class RayVirtualCluster:
             + (", ..." if len(per_node) > 4 else "")
             + f"){missing}"
         )
-
-    def _fix(self) -> str:
-        return "add nodes with those resources, or ask for fewer (fdl plan checks a request first)"
 
     def get_placement_groups(self) -> list[Any]:
         return self._init_placement_groups()
