@@ -34,8 +34,9 @@ from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Rej
 from .messages import parse as parse_message
 from .net import DEAD_MOUNT, join_address, keepalive, socket_ifnames, ssh_argv
 from .prepare import Prepared, PrepareFailure, mount_data, prepare
+from .publish import rank_path
 from .rendezvous import StreamRelay, serve_store
-from .signature import dataset_signature
+from .signature import ProbeFailed, dataset_signature, probe_model
 
 DIAL_TIMEOUT = 10.0
 TUNNEL_TIMEOUT = 20.0
@@ -132,6 +133,29 @@ def resolve_offer(offer: DeviceOffer) -> Offer:
     return Offer(
         [f"cuda:{i}" for i in indices], [torch.cuda.get_device_name(i) for i in indices], variant, nccl
     )
+
+
+def box_env(options: AgentOptions) -> dict[str, str]:
+    """What every child of this agent starts from: our environment less the credential
+    and our plumbing, the variant's venv first on PATH, the box's own env: entries."""
+    env = {k: v for k, v in os.environ.items() if k != "FDL_TOKEN" and not k.startswith("FLODL_INTERNAL_")}
+    env["PATH"] = rank_path()
+    if options.data_path:
+        env["FLODL_DATA_PATH"] = options.data_path
+    return env
+
+
+def _probe_model(prepared: Prepared, options: AgentOptions, log: Callable[[str], None]) -> str:
+    """The model this box builds, for the hello; "" (no signature) when the probe fails:
+    the formation check is then the backstop."""
+    try:
+        cache = Path(options.stage).expanduser() / "model-signature.json"
+        sig = probe_model(prepared.command, prepared.cwd, box_env(options) | options.env, cache)
+    except ProbeFailed as exc:
+        log(f"model probe: {exc}; dialling without a model signature")
+        return ""
+    log(f"model probe: this box builds {sig[:12]}")
+    return sig
 
 
 def data_signature(data_path: str) -> str:
@@ -374,16 +398,10 @@ class Attempt:
         mine, group = world.host, world.group
         ifnames = socket_ifnames(self.options.socket_ifname)
         # Ranks run with this agent's environment's bin/ first: the torch variant's venv.
-        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         envs = []
         for local, device in enumerate(self.offer.devices):
             # The rank is the user's code: it gets no credential and none of our plumbing.
-            env = {
-                k: v
-                for k, v in os.environ.items()
-                if k != "FDL_TOKEN" and not k.startswith("FLODL_INTERNAL_")
-            }
-            env["PATH"] = path
+            env = box_env(self.options)
             env.update(world.env)
             env.update(self.options.env)
             env.update(
@@ -403,8 +421,6 @@ class Attempt:
                 FLODL_DEVICE=device,
                 FLODL_RUN=world.run,
             )
-            if self.options.data_path:
-                env["FLODL_DATA_PATH"] = self.options.data_path
             for key, value in ifnames.items():
                 env.setdefault(key, value)  # an explicit env: entry wins
             if mine.count > 1:  # torchrun's default: ranks sharing a box must not oversubscribe it
@@ -622,6 +638,9 @@ async def join_once(
         except PrepareFailure as exc:
             raise AgentFailure(exc.message, exc.fix, exc.code) from None
         options = replace(options, run_id=prepared.run or options.run_id)
+        if prepared.model_probe and not options.model_sig:
+            sig = await asyncio.to_thread(_probe_model, prepared, options, log)
+            options = replace(options, model_sig=sig)
     attempt = Attempt(options, offer, log, on_wait, prepared)
     if options.ssh is None:
         return await attempt.run(options.controller_host, options.controller_port)

@@ -715,6 +715,13 @@ class _TailCommand(click.Command):
 )
 @click.option("--no-build", is_flag=True, help="Publish without running the build gate.")
 @click.option(
+    "--model-probe/--no-model-probe",
+    default=None,
+    help="Probe the entry's model here; every box then probes its own before it dials, and the "
+    "join window refuses a box that builds a different model. The entry must build its model "
+    "through flodl_agent.train.Trainer (or call flodl_agent.signature.answer_probe).",
+)
+@click.option(
     "--config",
     "config_file",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -731,6 +738,7 @@ def publish(
     served: Path | None,
     identity: Path | None,
     no_build: bool,
+    model_probe: bool | None,
     config_file: Path | None,
     as_json: bool,
 ) -> None:
@@ -764,6 +772,7 @@ def publish(
         build=build or block.build,
         args=list(ctx.meta["tail"]) if ctx.meta["tail"] is not None else list(block.args),
         no_build=no_build,
+        model_probe=block.model_probe if model_probe is None else model_probe,
         identity=str(key.expanduser()) if key else None,
     )
     try:
@@ -806,6 +815,12 @@ def publish(
         ("cwd", manifest.cwd),
         ("bin", manifest.bin or "(the launch command's)"),
         ("args", shlex.join(manifest.args) if manifest.args else "(none)"),
+        (
+            "model",
+            f"{manifest.model_sig[:12]}  (every box probes its own before it dials)"
+            if manifest.model_sig
+            else "not probed (the formation check compares models)",
+        ),
         ("fetch", f"{spellings['plain']}   (a key without a forced command)"),
         ("", f"{spellings['rrsync']}   (behind rrsync -ro <served>: the door B recipe)"),
     ):

@@ -26,7 +26,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from .publish import (
     PublishRequest,
     digest_lines,
     digest_of,
+    entry_command,
     fetch_git,
     mirror_argv,
     read_manifest,
@@ -89,6 +89,7 @@ class Prepared:
     command: list[str]  # the entry point (absolute) and the run's arguments
     cwd: Path  # where the ranks run
     run: str  # the manifest's run identity ("" without a manifest)
+    model_probe: bool = False  # the run's entry answers the model probe (fdl publish --model-probe)
 
 
 def missing_package(output: str) -> tuple[str, str] | None:
@@ -372,8 +373,8 @@ def prepare(
             "bin is relative to cwd: point it at what the build produces (a workspace may build elsewhere)",
             PERMANENT,
         )
-    # A Python script that is not executable runs under this box's interpreter (the variant's venv).
-    runner = [sys.executable] if path.suffix == ".py" and not os.access(path, os.X_OK) else []
-    command = [*runner, str(path), *args]
+    command = entry_command(path, args)
     log(f"prepared run {manifest.run if manifest else '(no manifest)'}: {shlex.join(command)}")
-    return Prepared(command, built / cwd, manifest.run if manifest else "")
+    if manifest is None:
+        return Prepared(command, built / cwd, "")
+    return Prepared(command, built / cwd, manifest.run, manifest.model_probe)

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import Failure
 from .net import ssh_argv
+from .signature import ProbeFailed, probe_model
 from .sources import SourceSpec
 
 MANIFEST = ".fdl-run.yml"
@@ -78,6 +79,8 @@ class Manifest(BaseModel):
     published: str = Field(description="when, ISO 8601 UTC")
     built: bool = Field(description="the build passed the gate (false: --no-build)")
     digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the tree's digest sidecar")
+    model_probe: bool = Field(False, description="the entry answers the model probe: every box probes it")
+    model_sig: str | None = Field(None, description="the signature of the model the gate's probe built")
 
 
 def read_manifest(tree: Path) -> Manifest | None:
@@ -148,6 +151,7 @@ class PublishRequest:
     build: str | None = None
     args: list[str] = field(default_factory=list)
     no_build: bool = False
+    model_probe: bool = False  # probe the entry's model here; every box then probes before it dials
     identity: str | None = None  # ssh key for rsync:// and git+ssh://
     ssh_options: tuple[str, ...] = ()  # extra `-o` options for ssh (the user's ssh config applies too)
 
@@ -290,36 +294,66 @@ class Build:
 
 def run_build(line: str, workdir: Path, env: dict[str, str] | None = None) -> Build:
     """Run a build line with this interpreter's venv first on PATH (the variant that runs the ranks)."""
-    full = dict(os.environ)
-    full["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), full.get("PATH", "")])
-    full.update(env or {})
+    full = dict(os.environ) | {"PATH": rank_path()} | (env or {})
     proc = subprocess.run(
         ["sh", "-c", line], cwd=workdir, env=full, capture_output=True, text=True, check=False
     )
     return Build(line, proc.returncode, (proc.stdout + proc.stderr).strip())
 
 
-def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> str:
-    """Build once in a scratch copy of the tree; the build's output."""
+def entry_command(entry: Path, args: list[str]) -> list[str]:
+    """How a box runs an entry point: a Python script that is not executable runs under
+    this interpreter (the variant's venv)."""
+    runner = [sys.executable] if entry.suffix == ".py" and not os.access(entry, os.X_OK) else []
+    return [*runner, str(entry), *args]
+
+
+def rank_path() -> str:
+    """PATH for builds, probes and ranks: this interpreter's venv first."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+# The controller's own environment builds and probes: its venv, the CPU variant.
+_GATE_ENV = {"FDL_TORCH_VARIANT": "cpu"}
+
+
+def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tuple[str, str | None]:
+    """Build (and probe) once in a scratch copy of the tree; the build's output and the signature."""
     gate = request.served / GATE
     gate.mkdir(parents=True, exist_ok=True)
     _mirror(str(tree), gate)
     workdir = gate / request.cwd
-    assert request.build is not None
-    log(f"gate: {request.build}  (in {workdir})")
-    # The controller's own environment builds: its venv, the CPU variant.
-    build = run_build(request.build, workdir, {"FDL_TORCH_VARIANT": "cpu"})
-    if build.returncode != 0:
+    output = ""
+    if request.build is not None and not request.no_build:
+        log(f"gate: {request.build}  (in {workdir})")
+        build = run_build(request.build, workdir, _GATE_ENV)
+        if build.returncode != 0:
+            raise PublishError(
+                build.failure(f" in {request.cwd}"), "fix the build and publish again; nothing was published"
+            )
+        output = build.output
+        entry = workdir / request.bin if request.bin else None
+        if entry is not None and not entry.exists():
+            raise PublishError(
+                f"the build succeeded but bin: {request.bin} is not there (looked in {request.cwd}/)",
+                "bin is relative to cwd: point it at what the build produces",
+            )
+    if not request.model_probe:
+        return output, None
+    if not request.bin:
+        raise PublishError("--model-probe needs the entry point", "name it with --bin (or publish.bin)")
+    command = entry_command(workdir / request.bin, request.args)
+    log(f"model probe: {shlex.join(command)}")
+    env = dict(os.environ) | _GATE_ENV | {"PATH": rank_path()}
+    try:
+        sig = probe_model(command, workdir, env)
+    except ProbeFailed as exc:
         raise PublishError(
-            build.failure(f" in {request.cwd}"), "fix the build and publish again; nothing was published"
-        )
-    entry = workdir / request.bin if request.bin else None
-    if entry is not None and not entry.exists():
-        raise PublishError(
-            f"the build succeeded but bin: {request.bin} is not there (looked in {request.cwd}/)",
-            "bin is relative to cwd: point it at what the build produces",
-        )
-    return build.output
+            f"{exc}; nothing was published",
+            "the entry must build its model through flodl_agent.train.Trainer (or call "
+            "flodl_agent.signature.answer_probe(model) once built); or publish without --model-probe",
+        ) from None
+    return output, sig
 
 
 def publish(request: PublishRequest, log: Callable[[str], None] = lambda _: None) -> PublishReport:
@@ -339,15 +373,13 @@ def publish(request: PublishRequest, log: Callable[[str], None] = lambda _: None
         )
     lines = digest_lines(tree)
     (tree / DIGEST_FILE).write_text(lines)
-    output = ""
     built = request.build is not None and not request.no_build
-    if built:
-        output = _gate(request, tree, log)
-    elif request.bin and not (cwd / request.bin).exists():
+    if not built and request.bin and not (cwd / request.bin).exists():
         raise PublishError(
             f"bin: {request.bin} is not in the fetched source (looked in {request.cwd}/)",
             "name the entry point relative to cwd, or give --build to produce it",
         )
+    output, sig = _gate(request, tree, log) if built or request.model_probe else ("", None)
     manifest = Manifest(
         run=secrets.token_hex(16),
         cwd=request.cwd,
@@ -358,6 +390,8 @@ def publish(request: PublishRequest, log: Callable[[str], None] = lambda _: None
         published=datetime.now(UTC).isoformat(timespec="seconds"),
         built=built,
         digest=digest_of(lines),
+        model_probe=sig is not None,
+        model_sig=sig,
     )
     staged = served / f".{MANIFEST}.tmp"  # beside the tree, same filesystem: the rename is atomic
     staged.write_text(yaml.safe_dump(manifest.model_dump(), sort_keys=False))

@@ -7,20 +7,46 @@ the hello; admission refuses a box whose signature differs from the cohort's
 shapes and dtypes of a model's parameters and buffers; the Trainer compares
 every rank's at formation through the rendezvous store ("model mismatch at
 formation" names the ranks).
+
+The model probe moves that check to the join window: when a published run
+says its entry answers it (``fdl publish --model-probe``), each box runs the
+entry once with ``FLODL_PROBE_SIGNATURE`` set before it dials; the Trainer
+(or :func:`answer_probe` in a script of one's own) writes the signature of
+the model it builds and exits before anything trains. The answer is cached
+on the command, its working directory and the entry's mtime, so a re-dial
+costs nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
+import signal
 import stat
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 SAMPLE_BYTES = 64 * 1024  # read from the head and the tail of a sampled file
 SAMPLED_FILES = 256  # at most this many files are read; every file is listed
+PROBE_ENV = "FLODL_PROBE_SIGNATURE"  # set: build the model, write its signature here, exit
+PROBE_TIMEOUT = 300.0  # seconds an entry gets to build its model and answer
+# A probe is not a rank: none of the distributed plumbing reaches it.
+_NOT_FOR_PROBES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "FLODL_AVERAGE_PORT",
+    "FLODL_AVERAGE_DIR",
+)
 
 
 class ModelMismatch(RuntimeError):
@@ -31,6 +57,85 @@ def model_signature(model: Any) -> str:
     """SHA-256 over the sorted (name, shape, dtype) of a torch module's parameters and buffers."""
     entries = sorted((name, tuple(t.shape), str(t.dtype)) for name, t in model.state_dict().items())
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+
+
+def answer_probe(model: Any) -> None:
+    """Under a model probe, write ``model``'s signature where the prober asked and exit;
+    otherwise return at once. The Trainer calls it as soon as it has built the model."""
+    target = os.environ.get(PROBE_ENV)
+    if not target:
+        return
+    tmp = Path(f"{target}.{os.getpid()}.tmp")
+    tmp.write_text(model_signature(model))
+    tmp.replace(target)  # the prober reads a whole signature or none
+    raise SystemExit(0)
+
+
+class ProbeFailed(RuntimeError):
+    pass
+
+
+def probe_key(command: list[str], cwd: Path) -> str:
+    """The probe's cache key: the command, where it runs, and the mtime of each file it names."""
+    stamps = []
+    for word in command:
+        with contextlib.suppress(OSError, ValueError):
+            path = Path(word) if Path(word).is_absolute() else cwd / word
+            if path.is_file():
+                stamps.append((word, path.stat().st_mtime_ns))
+    return hashlib.sha256(json.dumps([command, str(cwd), stamps]).encode()).hexdigest()
+
+
+def probe_model(
+    command: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    cache: Path | None = None,
+    timeout: float = PROBE_TIMEOUT,
+) -> str:
+    """The signature of the model ``command`` builds, by running it as a probe (cached).
+
+    The model is built on the CPU (``CUDA_VISIBLE_DEVICES`` empty): a probe claims no
+    GPU, and the signature holds names, shapes and dtypes, never the device.
+    Raises ProbeFailed when the entry exits, fails or hangs without answering.
+    """
+    key = probe_key(command, cwd)
+    cached = _read_cache(cache)
+    if isinstance(cached.get(key), str):
+        return str(cached[key])
+    with tempfile.TemporaryDirectory(prefix="flodl-probe-") as scratch:
+        answer = Path(scratch) / "signature"
+        child_env = {k: v for k, v in env.items() if k not in _NOT_FOR_PROBES}
+        child_env.update({PROBE_ENV: str(answer), "CUDA_VISIBLE_DEVICES": "", "FLODL_DEVICE": "cpu"})
+        try:
+            proc = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=child_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # the whole group goes if it hangs
+            )
+        except OSError as exc:
+            raise ProbeFailed(f"cannot run {command[0]}: {exc.strerror}") from None
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise ProbeFailed(f"the entry did not answer the model probe within {timeout:.0f}s") from None
+        if not answer.is_file():
+            tail = " / ".join(output.decode(errors="replace").strip().splitlines()[-3:])
+            raise ProbeFailed(
+                f"the entry exited {proc.returncode} without answering the model probe"
+                + (f" ({tail})" if tail else "")
+            )
+        sig = answer.read_text().strip()
+    if cache is not None:
+        _write_cache(cache, {key: sig})  # only the latest: a box runs one run at a time
+    return sig
 
 
 def check_formation(signatures: dict[int, str]) -> None:

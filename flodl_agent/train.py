@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .signature import check_formation, model_signature
+from .signature import answer_probe, check_formation, model_signature
 
 FORMATION_TIMEOUT = 300.0  # seconds a rank waits for the others' model signatures
 Plane = Literal["nccl", "cpu"]
@@ -151,7 +151,9 @@ class Trainer:
         # The agent masks the rank to its one device (CUDA_VISIBLE_DEVICES): it is cuda:0 here.
         on_gpu = os.environ.get("FLODL_DEVICE", "").startswith("cuda") and torch.cuda.is_available()
         self.device = torch.device("cuda" if on_gpu else "cpu")
-        self.model = model().to(self.device)
+        built = model()
+        answer_probe(built)  # under a join's model probe: answer and exit before anything trains
+        self.model = built.to(self.device)
         self._check_formation()
         self.optimizer = optimizer(self.model.parameters())
         self.loss_fn = loss

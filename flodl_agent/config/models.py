@@ -536,6 +536,7 @@ class Publish(_Model):
     to: str | None = Field(None, description="served directory (default ~/.flodl/run)")
     identity: str | None = Field(None, description="ssh key for rsync:// and git+ssh:// sources")
     args: list[str] = Field(default_factory=list, description="arguments every rank gets")
+    model_probe: bool = Field(False, description="probe the entry's model at publish and on every box")
 
 
 class FdlConfig(_Model):

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sys
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -290,3 +293,110 @@ def test_a_walk_in_mounts_its_data_read_only_reuses_it_and_replaces_a_dead_one(
     denied = failure(lambda: mount_data(spec, tmp_path / "mnt2", ssh))
     assert denied.code == PERMANENT and "permission denied" in denied.message
     assert 'command="internal-sftp -R"' in denied.fix
+
+
+# An entry built on the Trainer: under a model probe it answers and exits; as a rank it
+# records itself. WIDTH (a box's env: entry) changes the model it builds; COUNT counts runs.
+PROBED = """
+import json, os, sys
+import torch
+from flodl_agent.train import Trainer
+
+with open(os.environ["COUNT"], "a") as count:
+    count.write("run\\n")
+width = int(os.environ.get("WIDTH", "2"))
+Trainer(lambda: torch.nn.Linear(4, width), list(range(8)), lambda p: torch.optim.SGD(p, lr=0.1),
+        torch.nn.functional.mse_loss)
+json.dump({"rank": os.environ.get("RANK")}, open(os.path.join(os.environ["OUT"], os.environ["RANK"]), "w"))
+"""
+
+
+def probed(tmp_path: Path, entry: str = PROBED, **kw: object) -> tuple[Path, PublishRequest]:
+    src = tmp_path / "probed"
+    src.mkdir(exist_ok=True)
+    (src / "train.py").write_text(entry)
+    request = PublishRequest(parse_source(f"file://{src}"), tmp_path / "served", bin="train.py", **kw)  # type: ignore[arg-type]
+    return src, request
+
+
+def runs(count: Path) -> int:
+    return len(count.read_text().splitlines()) if count.exists() else 0
+
+
+def test_a_model_probe_answers_once_per_command_and_entry_mtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    from flodl_agent.signature import ProbeFailed, model_signature, probe_model
+
+    count = tmp_path / "count"
+    monkeypatch.setenv("COUNT", str(count))
+    src, _ = probed(tmp_path)
+    command, cache, env = [sys.executable, str(src / "train.py")], tmp_path / "cache.json", dict(os.environ)
+    expected = model_signature(torch.nn.Linear(4, 2))
+    assert probe_model(command, src, env, cache) == expected
+    assert probe_model(command, src, env, cache) == expected and runs(count) == 1  # a re-dial is free
+    assert probe_model(command, src, env | {"WIDTH": "3"}) != expected  # no cache: probed afresh
+    assert probe_model([*command, "--epochs", "2"], src, env, cache) == expected and runs(count) == 3
+    os.utime(src / "train.py", ns=(0, 0))  # the entry changed: its answer may have too
+    assert probe_model([*command, "--epochs", "2"], src, env, cache) == expected and runs(count) == 4
+
+    (src / "plain.py").write_text("print('training without a Trainer')\n")
+    with pytest.raises(ProbeFailed, match=r"exited 0 without answering the model probe \(training without"):
+        probe_model([sys.executable, str(src / "plain.py")], src, env)
+    (src / "hang.py").write_text("import time\ntime.sleep(600)\n")
+    with pytest.raises(ProbeFailed, match=r"did not answer the model probe within 1s"):
+        probe_model([sys.executable, str(src / "hang.py")], src, env, timeout=1)
+
+
+def test_publish_probes_the_model_and_refuses_an_entry_that_cannot_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    from flodl_agent.publish import PublishError
+    from flodl_agent.signature import model_signature
+
+    monkeypatch.setenv("COUNT", str(tmp_path / "count"))
+    _, request = probed(tmp_path, model_probe=True)
+    report = publish(request)
+    assert report.manifest.model_probe and report.manifest.model_sig == model_signature(torch.nn.Linear(4, 2))
+    _, plain = probed(tmp_path, "print('no Trainer here')\n", model_probe=True)
+    with pytest.raises(PublishError, match="without answering the model probe") as refused:
+        publish(plain)
+    assert "answer_probe" in refused.value.fix
+    assert read_manifest(request.served / "tree") is None  # nothing published
+    _, nameless = probed(tmp_path, model_probe=True)
+    with pytest.raises(PublishError, match="--model-probe needs the entry point"):
+        publish(replace(nameless, bin=None))
+
+
+def test_a_box_that_builds_another_model_is_refused_at_the_window_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    count = tmp_path / "count"
+    monkeypatch.setenv("COUNT", str(count))
+    _, request = probed(tmp_path, model_probe=True)
+    publish(request)
+    logs: list[str] = []
+
+    async def scenario() -> None:
+        ctl = Controller(settings())
+        await ctl.start()
+
+        def box(name: str, **env: str) -> Coroutine[Any, Any, int | AgentFailure]:
+            opts = replace(agent(ctl, name), source=source(request.served), stage=str(tmp_path / name))
+            return walk_in(replace(opts, env=env), logs)
+
+        first = asyncio.ensure_future(box("same"))
+        await until(lambda: ctl.admitted == 1, timeout=60)
+        refused = await box("odd", WIDTH="3")
+        assert isinstance(refused, AgentFailure) and "model mismatch" in refused.message
+        assert ctl.refused.get("model_mismatch") == 1
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        await ctl.close()
+
+    run(scenario)
+    assert runs(count) == 3  # the gate's probe and one per box: no rank ever started
+    assert sum("model probe: this box builds" in line for line in logs) == 2

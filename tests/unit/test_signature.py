@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.signature import ModelMismatch, check_formation, dataset_signature, model_signature
+from flodl_agent.signature import (
+    PROBE_ENV,
+    ModelMismatch,
+    answer_probe,
+    check_formation,
+    dataset_signature,
+    model_signature,
+)
 
 
 def test_the_dataset_signature_sees_names_sizes_and_content_and_is_cached(tmp_path: Path) -> None:
@@ -47,3 +54,24 @@ def test_model_signatures_and_the_formation_check() -> None:
         ModelMismatch, match=r"model mismatch at formation: ranks 0, 2 build aa; rank 1 builds bb"
     ):
         check_formation({0: "aa", 1: "bb", 2: "aa"})
+
+
+def test_the_trainer_answers_a_model_probe_before_anything_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    from flodl_agent.train import Trainer
+
+    answer_probe(torch.nn.Linear(3, 2))  # no probe asked: a no-op
+    answer = tmp_path / "sig"
+    monkeypatch.setenv(PROBE_ENV, str(answer))
+    dataset: list[object] = []  # would refuse to shard: the probe must exit before that
+    with pytest.raises(SystemExit) as done:
+        Trainer(
+            lambda: torch.nn.Linear(3, 2),
+            dataset,
+            lambda p: torch.optim.SGD(p, lr=0.1),
+            torch.nn.functional.mse_loss,
+        )
+    assert done.value.code == 0
+    assert answer.read_text() == model_signature(torch.nn.Linear(3, 2))
