@@ -34,6 +34,7 @@ from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Rej
 from .messages import parse as parse_message
 from .net import DEAD_MOUNT, join_address, keepalive, socket_ifnames, ssh_argv
 from .prepare import Prepared, PrepareFailure, mount_data, prepare
+from .probe import kernel_gap
 from .publish import rank_path
 from .rendezvous import StreamRelay, serve_store
 from .signature import ProbeFailed, dataset_signature, probe_model
@@ -126,13 +127,28 @@ def resolve_offer(offer: DeviceOffer) -> Offer:
         if hip
         else f"cu{(torch.version.cuda or '').replace('.', '')}"
     )
+    labels = [torch.cuda.get_device_name(i) for i in indices]
+    flags: list[str] = []
+    with contextlib.suppress(Exception):
+        flags = list(torch.cuda.get_arch_list())
+    devices = [
+        (i, label, _device_arch(torch, i, bool(hip))) for i, label in zip(indices, labels, strict=True)
+    ]
+    gap = kernel_gap(f"torch {torch.__version__} ({variant})", flags, devices)
+    if gap is not None:  # the first GPU op would die: "no kernel image is available"
+        raise AgentFailure(gap.message, gap.fix, PERMANENT)
     nccl = ""
     with contextlib.suppress(Exception):
         version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
         nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-    return Offer(
-        [f"cuda:{i}" for i in indices], [torch.cuda.get_device_name(i) for i in indices], variant, nccl
-    )
+    return Offer([f"cuda:{i}" for i in indices], labels, variant, nccl)
+
+
+def _device_arch(torch: Any, index: int, hip: bool) -> str:
+    if hip:
+        return str(torch.cuda.get_device_properties(index).gcnArchName).split(":")[0]
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
 
 
 def box_env(options: AgentOptions) -> dict[str, str]:

@@ -32,6 +32,7 @@ from . import __version__
 from .agent import AgentOptions, AgentSpec, parse_agent_spec
 from .agent import join as run_join
 from .config import (
+    Cluster,
     ConfigError,
     DeviceOffer,
     FdlConfig,
@@ -46,6 +47,7 @@ from .controller import Controller, parse_max_failure
 from .launcher import LaunchError, LaunchOptions
 from .launcher import launch as run_launch
 from .net import AddressError, join_address, split_address
+from .probe import Finding
 from .ranks import known_ranks, plan_window
 from .status import Unreachable, one_line, read_token, render, request, resolve_addr
 
@@ -396,6 +398,8 @@ def at_cluster(
         raise SystemExit(2)
     loaded = _load(overlay, base, False)
     cluster = loaded.config.cluster
+    if command_name == "probe" and cluster is not None:
+        _probe_cluster(cluster, name, "--json" in extra)
     if command_name in ("status", "start") and cluster is not None:
         addr = f"{cluster.controller.host}:{cluster.controller.port}"
         cmd = status if command_name == "status" else start
@@ -650,8 +654,11 @@ LEVEL_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold"}
 )
 @base_opt
 @click.option("--no-dial", is_flag=True, help="Do not try to reach the controller.")
+@click.option("--spec-stdin", is_flag=True, hidden=True, help="Probe as a cluster entry on stdin says.")
 @json_opt
-def probe(config_file: Path | None, base: Path | None, no_dial: bool, as_json: bool) -> None:
+def probe(
+    config_file: Path | None, base: Path | None, no_dial: bool, spec_stdin: bool, as_json: bool
+) -> None:
     """Check this box before it walks in (or runs a controller).
 
     torch and its variant against this box's GPUs, NCCL, the socket interface,
@@ -659,13 +666,15 @@ def probe(config_file: Path | None, base: Path | None, no_dial: bool, as_json: b
     forward when it has one), the controller port, and stale config keys.
     Exit 0 when nothing failed, 1 otherwise.
     """
-    from .probe import Finding, as_json_payload, check, gather
+    from .probe import as_json_payload, check, gather
 
-    if config_file is None:
+    if config_file is None and not spec_stdin:
         config_file = next((p for p in (Path("fdl.yml"), Path("fdl.cluster.yml")) if p.is_file()), None)
     join = cluster = None
     findings: list[Finding] = []
-    if config_file is not None:
+    if spec_stdin:  # `fdl @NAME probe`: this box as its cluster entry describes it
+        join = _probe_join(_agent_spec(True))
+    elif config_file is not None:
         try:
             loaded = load_config(config_file, base)
         except ConfigError as exc:  # a finding like any other: the rest of the box is still probed
@@ -682,11 +691,57 @@ def probe(config_file: Path | None, base: Path | None, no_dial: bool, as_json: b
     else:
         table = Table("", "check", "finding", box=None, show_header=False, pad_edge=False)
         for f in findings:
-            text = f.message + (f"\n  fix: {f.fix}" if f.fix and f.level != "ok" else "")
-            table.add_row(f"[{LEVEL_STYLE[f.level]}]{f.level}[/]", f.check, escape(text))
+            table.add_row(*_finding_row(f))
         out.print(table)
         out.print("[red]not ready[/]" if failed else "[green]ready[/]")
     raise SystemExit(1 if failed else 0)
+
+
+def _finding_row(f: Finding, *where: str) -> tuple[str, ...]:
+    text = f.message + (f"\n  fix: {f.fix}" if f.fix and f.level != "ok" else "")
+    return (f"[{LEVEL_STYLE[f.level]}]{f.level}[/]", *where, f.check, escape(text))
+
+
+def _probe_join(spec: AgentSpec) -> Join:
+    try:
+        return Join.model_validate(
+            {
+                "devices": spec.devices,
+                "data_path": spec.data_path or None,
+                "nccl_socket_ifname": spec.socket_ifname or None,
+                "env": spec.env,
+            }
+        )
+    except ValueError as exc:
+        err.print(f"fdl probe: the cluster entry is not valid here ({_first_error(exc)})", style="red")
+        raise SystemExit(2) from None
+
+
+def _probe_cluster(cluster: Cluster, name: str, as_json: bool) -> None:
+    """`fdl @NAME probe`: every worker over ssh, the controller here, and the findings across them."""
+    from .cluster_probe import across, probe_cluster
+    from .cluster_probe import as_json as cluster_json
+
+    if not as_json:
+        err.print(f"probing the controller and {len(cluster.workers)} worker(s) of {name}…", style="dim")
+    reports = asyncio.run(probe_cluster(cluster))
+    findings = across(reports)
+    payload = cluster_json(reports, findings)
+    if as_json:
+        _emit_json(payload)
+        raise SystemExit(0 if payload["ok"] else 1)
+    table = Table("", "host", "check", "finding", box=None, show_header=False, pad_edge=False)
+    for report in reports:
+        for f in report.findings:
+            if f.level != "ok":
+                table.add_row(*_finding_row(f, report.host))
+        if report.payload is not None and not any(f.level != "ok" for f in report.findings):
+            table.add_row("[green]ok[/]", report.host, "", "every check passed")
+    for f in findings:
+        table.add_row(*_finding_row(f, "(across)"))
+    out.print(table)
+    out.print("[green]ready[/]" if payload["ok"] else "[red]not ready[/]")
+    raise SystemExit(0 if payload["ok"] else 1)
 
 
 class _TailCommand(click.Command):

@@ -64,19 +64,37 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
         far = local_address(listen)
         extra = ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:{join_address(far, port)}"]
         dial_host = "127.0.0.1"
-    ssh = worker.ssh
     tag = orphan_tag(f"{ctl_host}:{port}", worker)
-    spec = {
-        "host": worker.host,
+    spec = worker_spec(worker) | {
         "controller_host": dial_host,
         "controller_port": port,
         "key": key.hex(),
+    }
+    argv = worker_ssh(worker, extra)
+    argv.append(remote_command(tag, worker.path or cluster.controller.path))
+    return Plan(worker.host, argv, encode_spec(spec))
+
+
+def worker_spec(worker: Worker) -> dict[str, object]:
+    """What a worker entry tells the agent (or the probe) on its box: an AgentSpec's fields."""
+    return {
+        "host": worker.host,
         "devices": str(worker.local_devices),
         "data_path": worker.data_path or "",
         "env": worker.env,
         "socket_ifname": worker.nccl_socket_ifname or "",
     }
-    argv = ssh_argv(
+
+
+def encode_spec(spec: dict[str, object]) -> bytes:
+    """One stdin line: hex-encoded JSON (what ``--spec-stdin`` reads)."""
+    return json.dumps(spec).encode().hex().encode() + b"\n"
+
+
+def worker_ssh(worker: Worker, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """ssh to a worker as its ``ssh:`` block says (the host name when it has none)."""
+    ssh = worker.ssh
+    return ssh_argv(
         (ssh.target if ssh and ssh.target else None) or worker.host,
         user=ssh.user if ssh else None,
         port=ssh.port if ssh else None,
@@ -84,8 +102,20 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
         options=ssh.options if ssh else (),
         extra=extra,
     )
-    argv.append(remote_command(tag, worker.path or cluster.controller.path))
-    return Plan(worker.host, argv, json.dumps(spec).encode().hex().encode() + b"\n")
+
+
+def run_fdl(path: str | None, subcommand: str) -> str:
+    """The shell line that runs ``fdl SUBCOMMAND`` on a worker: the checkout's venv when
+    ``path`` has one, else the fdl on PATH."""
+    lines = []
+    candidates = []
+    if path:
+        quoted = shlex.quote(path)
+        lines.append(f"cd {quoted} 2>/dev/null")
+        candidates = [f"{quoted}/venv/bin/fdl", f"{quoted}/.venv/bin/fdl"]
+    finder = "".join(f"[ -x {c} ] && exec {c} {subcommand}; " for c in candidates)
+    lines.append(f"{finder}exec fdl {subcommand}")
+    return "; ".join(lines)
 
 
 def remote_command(tag: str, path: str | None) -> str:
@@ -94,16 +124,8 @@ def remote_command(tag: str, path: str | None) -> str:
     The tag's value appears only in the assignment, never after ``--tag``: a
     pkill pattern must not match the very shell (or ssh client) carrying it.
     """
-    join = 'join --spec-stdin --tag "$T"'
-    lines = [f"T={tag}", 'pkill -f "fdl join --spec-stdin --tag $T" 2>/dev/null']
-    candidates = []
-    if path:
-        quoted = shlex.quote(path)
-        lines.append(f"cd {quoted} 2>/dev/null")
-        candidates = [f"{quoted}/venv/bin/fdl", f"{quoted}/.venv/bin/fdl"]
-    finder = "".join(f"[ -x {c} ] && exec {c} {join}; " for c in candidates)
-    lines.append(f"{finder}exec fdl {join}")
-    return "; ".join(lines)
+    orphans = [f"T={tag}", 'pkill -f "fdl join --spec-stdin --tag $T" 2>/dev/null']
+    return "; ".join([*orphans, run_fdl(path, 'join --spec-stdin --tag "$T"')])
 
 
 class Fanout:

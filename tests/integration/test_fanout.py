@@ -157,3 +157,41 @@ def test_tunnel_only_binds_loopback_and_tunnels_every_worker() -> None:
     assert any("tunnel_only: binding 127.0.0.1 instead of 10.0.0.1" in line for line in logs)
     p = plan(cluster.workers[0], cluster, 1337, bytes(16), ctl.settings.bind)
     assert p.argv[p.argv.index("-R") + 1] == "127.0.0.1:1337:127.0.0.1:1337"
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
+def test_a_cluster_probe_reaches_every_worker_and_finds_what_only_the_set_shows(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    import json
+
+    import yaml
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shard-0").write_bytes(b"x")
+    config = yaml.safe_load(_cluster_file(tmp_path, sshd, free_port()).read_text())
+    a, b = config["cluster"]["workers"]
+    a["data_path"], b["data_path"] = str(data), str(tmp_path / "not-mounted")
+    lost = dict(b, host="fan-lost", ssh=dict(b["ssh"], port=free_port()))  # nothing listens there
+    config["cluster"]["workers"].append(lost)
+    (tmp_path / "fdl.lab.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "fdl"), "@", "lab", "probe", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert not report["ok"]
+    assert sorted(report["hosts"]) == ["(controller)", "fan-a", "fan-b", "fan-lost"]
+    # Each reachable worker probed itself as its cluster entry describes it.
+    assert report["hosts"]["fan-a"]["facts"]["data"]["entries"] == 1
+    assert report["hosts"]["fan-b"]["facts"]["data"]["exists"] is False
+    assert "error" in report["hosts"]["fan-lost"]
+    across = {f["check"]: f for f in report["cluster"]}
+    assert across["reach"]["message"].startswith("fan-lost: not probed")
+    assert across["data"]["level"] == "fail" and "1 entries on fan-a" in across["data"]["message"]

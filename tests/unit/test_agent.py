@@ -78,6 +78,29 @@ def test_a_box_without_gpus_offering_gpus_is_a_permanent_failure() -> None:
     assert "--devices cpu:N" in caught.value.fix
 
 
+def test_a_card_the_build_has_no_kernel_for_is_refused_before_the_dial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No GPU here: torch.cuda answers for a box with an 8.6 card and a 12.0 card."""
+    torch = pytest.importorskip("torch")
+    cards = {0: ("NVIDIA A40", (8, 6)), 1: ("NVIDIA RTX PRO 6000", (12, 0))}
+    monkeypatch.setattr(torch.version, "cuda", "12.6")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: cards[i][0])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: cards[i][1])
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_50", "sm_80", "sm_90"])
+    with pytest.raises(AgentFailure) as caught:
+        resolve_offer(DeviceOffer("all"))
+    assert caught.value.code == 2
+    assert "ships no kernel for part of what this box offers: GPU 1 (NVIDIA RTX PRO 6000, sm_120)" in (
+        caught.value.message
+    )
+    assert "libtorch: auto" in caught.value.fix and "--devices" in caught.value.fix
+    offer = resolve_offer(DeviceOffer("gpus", gpus=(0,)))  # scoped to the covered card
+    assert offer.devices == ["cuda:0"] and offer.variant == "cu126"
+
+
 def test_rank_env_uses_the_road_this_join_took_and_the_entry_point_override() -> None:
     options = AgentOptions(host="b", data_path="/flodl/data", env={"NCCL_DEBUG": "INFO"}, bin="/opt/b/train")
     attempt = Attempt(options, Offer(["cuda:0", "cuda:3"], ["A100", "A100"], "cu128"), lambda _: None)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.cluster_probe import Report, across
+from flodl_agent.cluster_probe import as_json as cluster_json
 from flodl_agent.config import DeviceOffer
 from flodl_agent.config.models import Cluster, Join
-from flodl_agent.probe import Facts, Finding, Torch, check
+from flodl_agent.probe import Facts, Finding, Torch, check, covers, gfx_name, kfd_archs
 
 CPU_TORCH = Torch(version="2.13.0+cpu", gloo=True)
 CUDA_TORCH = Torch(version="2.13.0+cu128", cuda="12.8", usable_gpus=2, nccl="2.27.3", gloo=True)
@@ -38,6 +44,56 @@ def test_no_torch_fails_a_worker_but_not_a_controller() -> None:
     cluster = Cluster.model_validate({"controller": {"host": "0.0.0.0", "join": join_window}})
     controller = check(facts, cluster=cluster)
     assert levels(controller, "torch") == ["ok"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "arch", "covered"),
+    [
+        (["sm_80", "sm_90"], "sm_86", True),  # an 8.0 cubin runs on a later minor
+        (["sm_86"], "sm_80", False),  # never on an earlier one
+        (["sm_80", "sm_90"], "sm_120", False),  # nor across majors
+        (["sm_80", "compute_90"], "sm_120", True),  # PTX is compiled for any later card
+        (["compute_90"], "sm_86", False),
+        (["sm_90a"], "sm_90", True),
+        (["sm_90a"], "sm_91", False),  # an arch-specific cubin runs on its own arch only
+        (["gfx90a", "gfx942"], "gfx942", True),
+        (["gfx90a:xnack-"], "gfx90a", True),
+        (["gfx90a", "gfx942"], "gfx1100", False),
+    ],
+)
+def test_kernel_coverage(flags: list[str], arch: str, covered: bool) -> None:
+    assert covers(flags, arch) is covered
+
+
+def test_a_build_without_kernels_for_an_offered_card_fails_naming_auto_and_devices() -> None:
+    torch = Torch(**{**CUDA_TORCH.__dict__, "archs": ["sm_80", "sm_90"]})
+    facts = Facts(torch=torch, gpus={"nvidia": ["A100", "RTX 5090"]}, archs={"nvidia": ["sm_80", "sm_120"]})
+    (gap,) = [f for f in check(facts) if f.check == "variant"]
+    assert gap.level == "fail"
+    assert "ships no kernel for part of what this box offers: GPU 1 (RTX 5090, sm_120)" in gap.message
+    assert "libtorch: auto" in gap.fix and "--devices" in gap.fix
+    scoped = check(facts, Join(devices=DeviceOffer("gpus", gpus=(0,))))
+    assert [f.level for f in scoped if f.check == "variant"] == ["ok"]  # the offer leaves the card out
+
+
+def test_amd_gpus_are_read_from_the_kfd_topology(tmp_path: Path) -> None:
+    assert [gfx_name(v) for v in (90402, 90010, 110000, 100300)] == ["gfx942", "gfx90a", "gfx1100", "gfx1030"]
+    for node, version in (("0", 0), ("2", 90010), ("1", 90402)):  # node 0: the CPU
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {version}\n")
+    assert kfd_archs(tmp_path) == ["gfx942", "gfx90a"]  # in node order
+    assert kfd_archs(tmp_path / "absent") == []
+
+
+def test_torch_that_needs_a_newer_glibc_says_so() -> None:
+    error = (
+        "OSError: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.38' not found "
+        "(required by libtorch_cpu.so)"
+    )
+    (torch,) = check(Facts(torch=Torch(error=error, libc="glibc 2.36")))
+    assert torch.level == "fail"
+    assert torch.message.endswith("it needs GLIBC 2.38, this box has glibc 2.36")
+    assert "older glibc" in torch.fix
 
 
 def test_join_devices_beyond_the_usable_gpus() -> None:
@@ -98,3 +154,52 @@ def test_walk_in_tooling_follows_the_transports_the_join_block_names() -> None:
     facts.tools = dict.fromkeys(facts.tools, True)
     assert levels(check(facts, join), "tools") == ["ok"]
     assert levels(check(facts, Join()), "tools") == []  # a join naming no transport needs none
+
+
+def _report(
+    host: str,
+    nccl: str = "",
+    torch: str = "2.13.0",
+    gpus: dict[str, list[str]] | None = None,
+    data: dict[str, object] | None = None,
+) -> Report:
+    facts = {"torch": {"version": torch, "nccl": nccl}, "gpus": gpus or {}, "data": data or {}}
+    return Report(host, {"ok": True, "findings": [], "facts": facts})
+
+
+def test_across_the_cluster_nccl_skew_names_the_boxes_to_pin_and_the_version() -> None:
+    found = across([_report("a", "2.27.3"), _report("b", "2.27.5"), _report("c", "2.26.2")])
+    (skew,) = [f for f in found if f.check == "nccl"]
+    assert skew.level == "fail"
+    assert "NCCL version skew: 2.27.3 on a; 2.27.5 on b; 2.26.2 on c" in skew.message
+    assert skew.fix.startswith("on c: fdl nccl pin 2.27.3")  # the fewest boxes change
+    assert [f.level for f in across([_report("a", "2.27.3"), _report("b", "2.27.5")])] == ["ok"]
+
+
+def test_across_the_cluster_torch_and_vendor_skew_warn() -> None:
+    found = across(
+        [_report("a", gpus={"nvidia": ["H100"]}), _report("b", torch="2.12.0", gpus={"amd": ["MI300X"]})]
+    )
+    levels = {f.check: f.level for f in found}
+    assert levels == {"torch": "warn", "vendors": "warn"}
+    assert "cpu plane" in next(f.fix for f in found if f.check == "vendors")
+
+
+def test_across_the_cluster_the_data_root_must_agree() -> None:
+    good = {"path": "/data", "exists": True, "readable": True, "entries": 4}
+    stale = good | {"entries": 3}
+    gone = {"path": "/data", "exists": True, "readable": False, "error": "not connected"}
+    assert [(f.level, f.check) for f in across([_report("a", data=good), _report("b", data=good)])] == [
+        ("ok", "data")
+    ]
+    (diverged,) = across([_report("a", data=good), _report("b", data=gone)])
+    assert diverged.level == "fail" and "4 entries on a; not connected on b" in diverged.message
+    (listing,) = across([_report("a", data=good), _report("b", data=stale)])
+    assert listing.level == "warn" and "(/data) lists differently" in listing.message
+
+
+def test_a_box_that_could_not_be_probed_fails_the_cluster() -> None:
+    (lost,) = across([Report("a", error="exit 255: ssh: connect to host a port 22: Connection refused")])
+    assert lost.level == "fail" and lost.message.startswith("a: not probed (exit 255")
+    payload = cluster_json([_report("b"), Report("a", error="x")], [lost])
+    assert payload["ok"] is False and payload["hosts"]["a"] == {"error": "x"}
