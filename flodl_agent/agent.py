@@ -33,7 +33,7 @@ from .errors import CLEAN, PERMANENT, TRANSIENT, Failure
 from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Reject, Stream, WorldFormed
 from .messages import parse as parse_message
 from .net import DEAD_MOUNT, join_address, keepalive, socket_ifnames, ssh_argv
-from .prepare import Prepared, PrepareFailure, mount_data, prepare
+from .prepare import Prepared, PrepareFailure, mount_data, prepare, ready_dir
 from .probe import kernel_gap
 from .publish import rank_path
 from .rendezvous import StreamRelay, serve_store
@@ -63,6 +63,10 @@ def next_backoff(previous: float | None, attempt_seconds: float, start: float = 
     if previous is None or attempt_seconds >= LONG_ATTEMPT:
         return start
     return min(BACKOFF_MAX, previous * 2)
+
+
+def signature_cache() -> Path:
+    return Path.home() / ".flodl" / "cache" / "dataset-signatures.json"
 
 
 @dataclass
@@ -177,7 +181,7 @@ def _probe_model(prepared: Prepared, options: AgentOptions, log: Callable[[str],
 def data_signature(data_path: str) -> str:
     """The data root's signature for the hello (cached in ~/.flodl between dials)."""
     try:
-        return dataset_signature(data_path, Path.home() / ".flodl" / "cache" / "dataset-signatures.json")
+        return dataset_signature(data_path, signature_cache())
     except OSError as exc:
         if exc.errno in DEAD_MOUNT:
             raise AgentFailure(
@@ -644,6 +648,10 @@ async def join_once(
             raise AgentFailure(exc.message, exc.fix, exc.code) from None
     if options.data_path and not options.dataset_sig:
         # Before the dial: admission starts a deadline, and refuses a box whose data differs.
+        try:
+            ready_dir(signature_cache().parent, log)
+        except PrepareFailure as exc:
+            raise AgentFailure(exc.message, exc.fix, exc.code) from None
         options = replace(options, dataset_sig=await asyncio.to_thread(data_signature, options.data_path))
     prepared = None
     if options.source is not None:

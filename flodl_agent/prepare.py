@@ -33,6 +33,7 @@ from pathlib import Path
 from .config.models import Source, Ssh
 from .errors import PERMANENT, TRANSIENT, Failure
 from .net import DEAD_MOUNT, ssh_argv
+from .probe import dir_facts, dir_findings
 from .publish import (
     DIGEST_FILE,
     EXCLUDES,
@@ -275,6 +276,16 @@ def mount_data(
     )
 
 
+def ready_dir(path: Path, log: Callable[[str], None]) -> None:
+    """Prove a node-local directory writable (a failure otherwise); say when it is on
+    tmpfs or nearly full, without refusing."""
+    for finding in dir_findings(dir_facts(path)):
+        if finding.level == "fail":
+            raise PrepareFailure(finding.message, finding.fix, PERMANENT)
+        if finding.level == "warn":
+            log(f"note: {finding.message}")
+
+
 def _differs(name: str, local: object, run: object, log: Callable[[str], None]) -> None:
     if local not in (None, [], run):
         log(f"note: the run manifest's {name} ({run!r}) replaces this box's ({local!r})")
@@ -322,6 +333,7 @@ def prepare(
     log: Callable[[str], None] = lambda _: None,
 ) -> Prepared:
     """Fetch, check against the manifest, build; what the ranks run. Raises PrepareFailure."""
+    ready_dir(stage, log)
     tree = fetch(source, stage, ssh)
     try:
         manifest: Manifest | None = read_manifest(tree)

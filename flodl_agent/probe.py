@@ -353,21 +353,25 @@ def _data(facts: Facts) -> list[Finding]:
 
 
 def _cache(facts: Facts) -> list[Finding]:
-    c = facts.cache
-    if not c:
-        return []
+    return dir_findings(facts.cache) if facts.cache else []
+
+
+def dir_findings(c: dict[str, Any]) -> list[Finding]:
+    """A node-local directory (``dir_facts``): writable, or a failure; on tmpfs or nearly full, a warning."""
     if not c.get("writable"):
         return [
             Finding(
                 "cache",
                 "fail",
-                f"the node-local cache {c['path']} is not writable ({c.get('error', '')})",
+                f"the node-local directory {c['path']} is not writable ({c.get('error', '')})",
                 "give the service user its home (or set HOME) so ~/.flodl can be written",
             )
         ]
-    found = [Finding("cache", "ok", f"cache {c['path']} writable, {c['free'] / 1024**3:.1f} GiB free")]
+    found = [Finding("cache", "ok", f"{c['path']} writable, {c['free'] / 1024**3:.1f} GiB free")]
     if c.get("fstype") == "tmpfs":
-        found.append(Finding("cache", "warn", f"{c['path']} is on tmpfs: the cache is lost at every reboot"))
+        found.append(
+            Finding("cache", "warn", f"{c['path']} is on tmpfs: what it holds is lost at every reboot")
+        )
     if c.get("free", LOW_DISK) < LOW_DISK:
         found.append(Finding("cache", "warn", f"{c['path']} is nearly full ({c['free'] / 1024**3:.1f} GiB)"))
     return found
@@ -434,7 +438,7 @@ def gather(join: Join | None, cluster: Cluster | None, dial: bool = True) -> Fac
         }
         if join.data_path:
             facts.data = _data_facts(join.data_path)
-        facts.cache = _cache_facts(Path.home() / ".flodl" / "data")
+        facts.cache = dir_facts(Path.home() / ".flodl" / "data")
         if dial and join.ssh is not None:
             facts.controller = asyncio.run(_dial_through(join))
         elif dial and join.controller:
@@ -537,7 +541,7 @@ def _data_facts(path: str) -> dict[str, Any]:
     return facts
 
 
-def _cache_facts(path: Path) -> dict[str, Any]:
+def dir_facts(path: Path) -> dict[str, Any]:
     facts: dict[str, Any] = {"path": str(path)}
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
@@ -400,3 +401,19 @@ def test_a_box_that_builds_another_model_is_refused_at_the_window_before_trainin
     run(scenario)
     assert runs(count) == 3  # the gate's probe and one per box: no rank ever started
     assert sum("model probe: this box builds" in line for line in logs) == 2
+
+
+def test_the_stage_must_be_writable_and_tmpfs_is_said_not_refused(tmp_path: Path) -> None:
+    served = published(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    blocked = failure(lambda: prepare(source(served), tmp_path / "a-file" / "stage"))
+    assert blocked.code == PERMANENT and "a-file/stage is not writable" in blocked.message
+    assert "HOME" in blocked.fix
+    if Path("/dev/shm").is_dir():
+        logs: list[str] = []
+        stage = Path(tempfile.mkdtemp(dir="/dev/shm")) / "stage"
+        try:
+            prepare(source(served), stage, log=logs.append)
+        finally:
+            shutil.rmtree(stage.parent)
+        assert any(line.startswith("note: ") and "is on tmpfs" in line for line in logs)
