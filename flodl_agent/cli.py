@@ -1117,19 +1117,14 @@ def placement() -> None:
     """Fleet placement on Ray (seed 001)."""
 
 
-@placement.command("resources")
-@click.option(
+smi_opt = click.option(
     "--smi",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
     help="Read this `nvidia-smi -q` output instead of running nvidia-smi.",
 )
-def placement_resources(smi: Path | None) -> None:
-    """Print this node's topology resources as JSON, for `ray start --resources=...`.
 
-    nvlink_domain_<fabric> from nvidia-smi -q and topo_rank from SLURM_NODEID
-    (encoded rank + 1: a resource of quantity 0 vanishes from Ray). A node
-    without an NVLink fabric prints {} and is never chosen for a segment.
-    """
+
+def _node_resources(smi: Path | None) -> dict[str, float]:
     import shutil
 
     from .placement import topology_resources
@@ -1141,7 +1136,56 @@ def placement_resources(smi: Path | None) -> None:
         text = proc.stdout if proc.returncode == 0 else ""
     else:
         text = ""
-    click.echo(json.dumps(topology_resources(text, os.environ), sort_keys=True))
+    return topology_resources(text, os.environ)
+
+
+@placement.command("resources")
+@smi_opt
+def placement_resources(smi: Path | None) -> None:
+    """Print this node's topology resources as JSON, for `ray start --resources=...`.
+
+    nvlink_domain_<fabric> from nvidia-smi -q and topo_rank from FLODL_TOPO_RANK,
+    else SLURM_NODEID (encoded rank + 1: a resource of quantity 0 vanishes from
+    Ray). A node without an NVLink fabric prints {} and is never chosen for a
+    segment.
+    """
+    click.echo(json.dumps(_node_resources(smi), sort_keys=True))
+
+
+@placement.command("node")
+@click.option("--address", metavar="HOST:PORT", help="The head to join (default: start a head here).")
+@click.option("--port", type=click.IntRange(1, 65535), default=6379, show_default=True, help="A head's port.")
+@click.option("--temp-dir", help="Ray's session directory (default: Ray's own).")
+@smi_opt
+@click.option("--dry-run", is_flag=True, help="Print the ray start command instead of running it.")
+def placement_node(
+    address: str | None, port: int, temp_dir: str | None, smi: Path | None, dry_run: bool
+) -> None:
+    """Run this box as a Ray node of the fleet, with its topology resources (what the
+    worker role's flodl-ray.service runs): `ray start --block`, replacing this process.
+    """
+    from .placement.ray_cluster import node_argv
+
+    if address is not None:
+        try:
+            host, node_port = split_address(address, default_port=6379)
+        except AddressError as exc:
+            raise click.BadParameter(str(exc), param_hint="--address") from None
+        address = join_address(host, node_port)
+    argv = node_argv(_node_resources(smi), address=address, port=port, temp_dir=temp_dir)
+    if dry_run:
+        click.echo(shlex.join(argv))
+        return
+    if not Path(argv[0]).is_file():
+        err.print(
+            f"fdl placement node: Ray is not installed in this venv ({argv[0]} is missing)\n"
+            "    fix: pip install 'flodl-fleet[ray]' (the worker role does with flodl_worker_ray_address)",
+            style="red",
+            markup=False,
+        )
+        raise SystemExit(2)
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
 
 
 def _internal_error(exc: BaseException) -> NoReturn:

@@ -54,6 +54,30 @@ def _runtime_env(env: Mapping[str, str]) -> dict[str, Any]:
     return {"env_vars": {k: v for k, v in env.items() if not k.startswith("RAY_")}}
 
 
+def node_argv(
+    resources: Mapping[str, float],
+    *,
+    address: str | None = None,
+    port: int = 6379,
+    temp_dir: str | None = None,
+    ray_bin: str | None = None,
+) -> list[str]:
+    """``ray start --block`` for a fleet node: a head on ``port`` (``address`` None) or a
+    node joining ``address``, registering this node's topology resources."""
+    argv = [
+        ray_bin or str(Path(sys.executable).with_name("ray")),
+        "start",
+        "--block",
+        "--disable-usage-stats",
+    ]
+    argv += [f"--address={address}"] if address else ["--head", f"--port={port}", "--include-dashboard=false"]
+    if resources:
+        argv.append(f"--resources={json.dumps(dict(resources), sort_keys=True)}")
+    if temp_dir:
+        argv.append(f"--temp-dir={temp_dir}")
+    return argv
+
+
 def _start_head(key: str, env: Mapping[str, str], state: Path) -> str:
     """Start a persistent local head for this device set; its address (kept in ``state``)."""
     temp = Path(f"/tmp/flodl-ray-{key}")

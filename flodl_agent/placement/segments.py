@@ -42,7 +42,8 @@ def topology_resources(nvidia_smi_q: str, env: Mapping[str, str]) -> dict[str, f
     """The resources a node registers when Ray starts there (empty when it knows no fabric).
 
     The domain is the GPUs' NVLink fabric (``ClusterUUID`` and ``CliqueId`` in
-    ``nvidia-smi -q``); the rank is the scheduler's (``SLURM_NODEID``), else 0.
+    ``nvidia-smi -q``); the rank is ``FLODL_TOPO_RANK`` (the worker role sets it from
+    the inventory's order), else the scheduler's (``SLURM_NODEID``), else 0.
     """
     uuids = set(re.findall(r"ClusterUUID\s*:\s*([0-9A-Fa-f-]{8,})", nvidia_smi_q))
     cliques = set(re.findall(r"CliqueId\s*:\s*(\d+)", nvidia_smi_q))
@@ -52,7 +53,8 @@ def topology_resources(nvidia_smi_q: str, env: Mapping[str, str]) -> dict[str, f
     domain = uuids.pop().lower().replace("-", "")
     if len(cliques) == 1:
         domain += f"_{cliques.pop()}"
-    rank = int(env["SLURM_NODEID"]) if env.get("SLURM_NODEID", "").isdigit() else 0
+    named = next((env[k] for k in ("FLODL_TOPO_RANK", "SLURM_NODEID") if env.get(k, "").isdigit()), "0")
+    rank = int(named)
     return {f"{DOMAIN_PREFIX}{domain}": 1.0, RANK_RESOURCE: float(rank + 1)}
 
 
