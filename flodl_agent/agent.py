@@ -32,6 +32,8 @@ from .config.models import Source, Ssh
 from .errors import CLEAN, PERMANENT, TRANSIENT, Failure
 from .messages import Abort, Accept, Averaged, BadMessage, Challenge, Hello, Reject, Stream, WorldFormed
 from .messages import parse as parse_message
+from .metrics import ENV as METRICS_ENV
+from .metrics import read_reports
 from .net import DEAD_MOUNT, join_address, keepalive, socket_ifnames, ssh_argv
 from .prepare import Prepared, PrepareFailure, mount_data, prepare, ready_dir
 from .probe import kernel_gap
@@ -407,7 +409,12 @@ class Attempt:
         return await self._train(message, road, reader, writer, codec)
 
     def rank_env(
-        self, world: WorldFormed, road: str, store_port: int, plane: dict[str, str] | None = None
+        self,
+        world: WorldFormed,
+        road: str,
+        store_port: int,
+        plane: dict[str, str] | None = None,
+        reports: dict[int, Path] | None = None,
     ) -> list[dict[str, str]]:
         """Per-rank environments: torchrun's variables plus what only this box knows.
 
@@ -447,6 +454,8 @@ class Attempt:
                 env.setdefault("OMP_NUM_THREADS", "1")
             if device.startswith("cuda:"):
                 env["CUDA_VISIBLE_DEVICES"] = device.split(":")[1]
+            if reports is not None:
+                env[METRICS_ENV] = str(reports[mine.first_rank + local])
             envs.append(env)
         return envs
 
@@ -482,8 +491,13 @@ class Attempt:
 
         averager = AverageRelay(list(range(mine.first_rank, mine.first_rank + mine.count)), push)
         plane = averager.env(await averager.listen())
+        # Progress reports live beside the plane's segments: the run's private directory.
+        reports = {
+            r: averager.directory / f"metrics-{r}.json"
+            for r in range(mine.first_rank, mine.first_rank + mine.count)
+        }
         ranks = []
-        for local, env in enumerate(self.rank_env(world, road, store_port, plane)):
+        for local, env in enumerate(self.rank_env(world, road, store_port, plane, reports)):
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *command,
@@ -506,7 +520,7 @@ class Attempt:
                 asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, codec, averager))
             )
         abort = asyncio.ensure_future(self._watch_link(reader, codec, relay, averager))
-        beat = asyncio.ensure_future(_heartbeat(writer, codec))
+        beat = asyncio.ensure_future(_heartbeat(writer, codec, reports))
         try:
             pending: set[asyncio.Future[Any]] = {abort, *ranks}
             while abort in pending and len(pending) > 1:
@@ -607,11 +621,14 @@ class Attempt:
                 await proc.wait()
 
 
-async def _heartbeat(writer: asyncio.StreamWriter, codec: wire.Codec) -> None:
-    """Tell the controller this host is alive while its ranks train (its watchdog's input)."""
+async def _heartbeat(writer: asyncio.StreamWriter, codec: wire.Codec, reports: dict[int, Path]) -> None:
+    """Tell the controller this host is alive while its ranks train (its watchdog's input),
+    with the ranks' latest progress reports (the status page's and /metrics' input)."""
     while True:
         await asyncio.sleep(HEARTBEAT_EVERY)  # the beat's period
-        writer.write(codec.encode(wire.Kind.HEARTBEAT, {}))
+        # msgpack maps take string keys only: the controller reads the ranks back as ints.
+        ranks = {str(rank): body for rank, body in read_reports(reports).items()}
+        writer.write(codec.encode(wire.Kind.HEARTBEAT, {"ranks": ranks}))
 
 
 async def output_lines(stream: asyncio.StreamReader, longest: int = 16384) -> AsyncIterator[str]:

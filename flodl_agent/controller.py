@@ -31,6 +31,7 @@ from .messages import (
     Average,
     BadMessage,
     Challenge,
+    Heartbeat,
     Hello,
     Plane,
     RankExited,
@@ -38,11 +39,14 @@ from .messages import (
     Stream,
 )
 from .messages import parse as parse_message
+from .metrics import PROMETHEUS_TEXT as METRICS
+from .metrics import RankBoard, exposition
 from .net import is_loopback, join_address, keepalive
 from .placement.fleet import PlacementError
 from .placement.parallel import check_world
 from .ranks import RankRange, assign_contiguous
 from .rendezvous import RouteError, StreamRouter
+from .status_page import HTML, status_page
 from .window import Fail, Form, Keep, Window, WindowConfig
 
 PREAMBLE_TIMEOUT = 5.0
@@ -150,6 +154,7 @@ class Controller:
         self.streams: StreamRouter | None = None  # rendezvous routes, once the world formed
         self.hub: Hub | None = None  # the CPU plane's averaging, once the world formed
         self.failed_ranks: set[int] = set()  # ranks lost mid-run (evicted within max_failure)
+        self.board = RankBoard()  # per-rank progress from the heartbeats
         self._shutdown = ""  # ShutdownWithSave in progress: why
         self._grace: asyncio.TimerHandle | None = None
         self._stalls: dict[int, asyncio.TimerHandle] = {}  # open averaging rounds: their ceiling
@@ -474,6 +479,14 @@ class Controller:
                     break
                 link.seen = self.clock()
                 if frame.kind is wire.Kind.HEARTBEAT:
+                    beat = parse_message(frame)
+                    assert isinstance(beat, Heartbeat)
+                    own = {
+                        r: rep.model_dump() for r, rep in beat.ranks.items() if link.ranks and r in link.ranks
+                    }
+                    if len(own) < len(beat.ranks):
+                        self.dropped["rank"] += 1  # reports for ranks that are not this host's
+                    self.board.update(host, own, link.seen)
                     continue
                 if frame.kind is wire.Kind.STREAM:
                     self._route(host, frame)
@@ -698,7 +711,8 @@ class Controller:
         return "[" + ",".join(self._roster.values()) + "]"
 
     def _state_head(self) -> dict[str, Any]:
-        return self.window.snapshot(self.clock(), members=False) | {
+        now = self.clock()
+        return self.window.snapshot(now, members=False) | {
             "now": round(time.time(), 1),
             "run": self.settings.run,
             "port": self.port,
@@ -707,6 +721,12 @@ class Controller:
             "refused": dict(self.refused),
             "dropped": dict(self.dropped),
             "averaging": {"rounds": self.hub.rounds_done, "bytes": self.hub.bytes_in} if self.hub else None,
+            "ranks": self.board.snapshot(now),
+            "heartbeats": (
+                {host: round(now - link.seen, 1) for host, link in self.links.items()}
+                if self.window.phase == "training"
+                else {}
+            ),
         }
 
     def state_json(self) -> bytes:
@@ -776,8 +796,9 @@ class Controller:
         if target == "/start" and method == "POST":
             status, payload = self._start(peer, body)
             return await self._respond(writer, conn, status, payload)
-        if target == "/" and method in ("GET", "HEAD"):
-            return await self._respond(writer, conn, 200, {"see": "/state.json"}, head=method == "HEAD")
+        if target in ("/", "/metrics") and method in ("GET", "HEAD"):
+            page, kind = (status_page(), HTML) if target == "/" else (exposition(self.state()), METRICS)
+            return await self._respond(writer, conn, 200, page, head=method == "HEAD", content_type=kind)
         await self._respond(writer, conn, 404, {"error": f"no route {method} {target}"})
 
     def _start(self, peer: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -805,10 +826,11 @@ class Controller:
         status: int,
         payload: dict[str, Any] | bytes,
         head: bool = False,
+        content_type: str = "application/json",
     ) -> None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         headers = [
-            ("content-type", "application/json"),
+            ("content-type", content_type),
             ("content-length", str(len(data))),
             ("cache-control", "no-store"),
             ("connection", "close"),

@@ -141,6 +141,18 @@ class Stream(_Msg):
     end: bool = False
 
 
+class RankReport(_Msg):
+    step: int = Field(ge=0, lt=2**62)
+    loss: float | None = None
+    at: float = 0.0
+
+
+class Heartbeat(_Msg):
+    """A host is alive; with its ranks' latest progress reports (rank -> report)."""
+
+    ranks: dict[int, RankReport] = Field(default_factory=dict, max_length=1024)
+
+
 _BODIES: dict[Kind, type[_Msg]] = {
     Kind.CHALLENGE: Challenge,
     Kind.HELLO: Hello,
@@ -152,6 +164,7 @@ _BODIES: dict[Kind, type[_Msg]] = {
     Kind.STREAM: Stream,
     Kind.AVERAGE: Average,
     Kind.AVERAGED: Averaged,
+    Kind.HEARTBEAT: Heartbeat,
 }
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .metrics import report as report_progress
 from .signature import answer_probe, check_formation, model_signature
 
 FORMATION_TIMEOUT = 300.0  # seconds a rank waits for the others' model signatures
@@ -273,6 +274,7 @@ class Trainer:
         taken = 0.0  # the world's batches so far
         averaging = 0.0  # this rank's last averaging call, in seconds
         round_no = 0
+        steps = 0  # this rank's batches so far
         while (rounds is None or round_no < rounds) and (batches is None or taken < batches):
             n = batches_for(self.config, anchor, mine, slowest)
             started = time.perf_counter()
@@ -315,6 +317,8 @@ class Trainer:
             anchor, times = world_round(self.config, anchor, [float(v) * total for v in timing], self.world)
             mine, slowest = times.get(self.rank), max(times.values(), default=None)
             self.reports.append(RoundReport(round_no, n, total_loss / n, total, times))
+            steps += n
+            report_progress(steps, total_loss / n)  # the status page's and /metrics' step rate and loss
             taken += total
             round_no += 1
         self.close()

@@ -213,8 +213,8 @@ class Window:
         # Terminal phases: links draining after the verdict change nothing.
         return Keep(self._phase, None)
 
-    def request_start(self, now: float) -> StartReply:
-        """The operator's ``fdl start``: arm the freeze; the next decide() forms."""
+    def start_refusal(self) -> StartReply | None:
+        """Why an operator's start would be refused now (None: it would be accepted)."""
         if self._config.start == "auto":
             return StartReply(False, 409, "auto mode: the window forms on its own; there is nothing to start")
         if self._phase not in _OPEN:
@@ -222,6 +222,14 @@ class Window:
         joined, quorum = self.joined_ranks, self._config.quorum
         if joined < quorum:
             return StartReply(False, 409, f"quorum not met: {joined} of {quorum} ranks joined")
+        return None
+
+    def request_start(self, now: float) -> StartReply:
+        """The operator's ``fdl start``: arm the freeze; the next decide() forms."""
+        refused = self.start_refusal()
+        if refused is not None:
+            return refused
+        joined = self.joined_ranks
         self._armed = True
         hosts = len(self._members)
         return StartReply(
@@ -294,6 +302,7 @@ class Window:
             "joined_hosts": len(self._members),
             "window_left_s": self._window_end - now if live and now < self._window_end else None,
             "cap_left_s": self._cap - now if live and now < self._cap else None,
+            "can_start": self.start_refusal() is None and not self._armed,
             "failure": self._failure,
         } | (
             {"members": [{"host": m.host, "ranks": m.ranks, "joined_at": m.joined_at} for m in self.members]}

@@ -551,6 +551,7 @@ def test_snapshot_counts_down_and_is_json() -> None:
         "joined_hosts": 1,
         "window_left_s": 200.0,
         "cap_left_s": 500.0,
+        "can_start": True,  # manual, quorate: POST /start would be accepted
         "failure": None,
         "members": [{"host": "a", "ranks": 2, "joined_at": 1010.0}],
     }
@@ -562,6 +563,7 @@ def test_snapshot_counts_down_and_is_json() -> None:
 
     w.request_start(1450.0)
     assert w.snapshot(1450.0)["armed"] is True
+    assert w.snapshot(1450.0)["can_start"] is False  # armed already: nothing more to start
     w.decide(1450.0)
     formed = w.snapshot(1450.0)
     assert (formed["phase"], formed["window_left_s"], formed["cap_left_s"]) == ("forming", None, None)

@@ -1,0 +1,125 @@
+"""The status page in a real headless Chromium (Debian's, driven by Selenium with its
+own chromedriver: nothing is downloaded). A controller and two walk-ins run in a
+background event loop; the browser watches the window fill, fires the start from
+the page, and sees the ranks train. The screenshot is kept in build/test-artifacts/."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import threading
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flodl_agent import agent as agent_module
+from flodl_agent.controller import Controller
+from tests.integration.test_control_plane import agent, settings, walk_in
+from tests.integration.test_operator_surface import REPORTING
+
+webdriver = pytest.importorskip("selenium.webdriver")
+pytestmark = pytest.mark.skipif(
+    shutil.which("chromium") is None or shutil.which("chromedriver") is None,
+    reason="needs Debian's chromium and chromium-driver (scripts/system-deps installs them)",
+)
+ARTIFACTS = Path(__file__).parents[2] / "build" / "test-artifacts"
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop on its own thread: the controller and agents run there, the browser here."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+    loop.close()
+
+
+def on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float = 60) -> Any:
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+
+@pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from selenium.webdriver.chrome.service import Service
+
+    monkeypatch.setenv("SE_OFFLINE", "true")  # never let Selenium Manager reach for a driver
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(shutil.which("chromium"))
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,800"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(shutil.which("chromedriver"))), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: asyncio.AbstractEventLoop, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    monkeypatch.setattr(agent_module, "HEARTBEAT_EVERY", 0.2)  # the beat's period, shortened for the test
+    go = tmp_path / "go"
+    ctl = Controller(
+        settings(
+            [sys.executable, "-c", REPORTING],
+            env={"GO": str(go)},
+            start="manual",
+            join_timeout=120.0,
+            max_join_timeout=300.0,
+        )
+    )
+    on(loop, ctl.start())
+    wait = WebDriverWait(browser, 30, poll_frequency=0.1)
+
+    def text(element_id: str) -> str:
+        return str(browser.find_element(By.ID, element_id).text)
+
+    def rows(table: str) -> list[list[str]]:
+        return [
+            [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+            for row in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
+        ]
+
+    try:
+        browser.get(f"http://127.0.0.1:{ctl.port}/")
+        wait.until(lambda _: text("phase") == "waiting")
+        assert "Nobody has walked in yet." in browser.page_source
+        assert not browser.find_element(By.ID, "start").is_displayed()  # nothing to start yet
+        assert "window closes in" in text("countdown")
+
+        boxes = [asyncio.run_coroutine_threadsafe(walk_in(agent(ctl, n)), loop) for n in ("box-a", "box-b")]
+        wait.until(lambda _: text("phase") == "staging")
+        roster = rows("roster")
+        assert sorted(r[0] for r in roster) == ["box-a", "box-b"]
+        assert all(r[3] == "cpu" for r in roster)  # the torch variant each box offers
+        start = browser.find_element(By.ID, "start")
+        assert start.is_displayed()  # manual start, quorum met: POST /start would be accepted
+
+        start.click()  # the page posts /start from the controller box: no token needed
+        wait.until(lambda _: text("phase") == "training")
+        assert text("message").startswith("start accepted")
+        wait.until(lambda _: len(rows("ranks")) == 2 and all(r[3] for r in rows("ranks")))
+        ranks = rows("ranks")
+        assert [r[0] for r in ranks] == ["0", "1"]
+        assert all(int(r[2]) > 0 and float(r[3]) > 0 and float(r[4]) > 0 for r in ranks)
+        assert not browser.find_element(By.ID, "start-form").is_displayed()  # the window is closed
+
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "status-page-training.png"
+        assert browser.save_screenshot(str(shot))
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+        go.write_text("")
+        assert [b.result(60) for b in boxes] == [0, 0]
+        wait.until(lambda _: text("phase") == "done")
+    finally:
+        on(loop, ctl.close())
