@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint typecheck unit lab-up lab-down clean
+.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint typecheck unit fuzz lab-up lab-down clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,12 @@ test-molecule: setup
 	cd tests && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" molecule test --all
 
 test: test-fast test-molecule test-lab
+
+# Coverage-guided fuzzing of the frame codec, the messages and admission, for five
+# minutes (make test runs a short bounded pass); the corpus grows in build/fuzz.
+fuzz: setup
+	mkdir -p build/fuzz/corpus build/fuzz/crashes
+	$(PY) -m tests.fuzz.frames -max_total_time=300 -artifact_prefix=build/fuzz/crashes/ build/fuzz/corpus
 
 lab-up: setup
 	tests/lab/lab up

@@ -52,6 +52,9 @@ from .window import Fail, Form, Keep, Window, WindowConfig
 PREAMBLE_TIMEOUT = 5.0
 CLOSE_GRACE = 2.0
 MAX_HANDSHAKES = 2048  # unadmitted connections at once; a flood waits its turn by being dropped
+# Unadmitted connections from one address at once (loopback exempt): one flooding
+# address cannot hold every handshake slot or file descriptor. Generous for NAT.
+MAX_PER_PEER = 256
 HELLO_TIMEOUT = 10.0
 HTTP_TIMEOUT = 10.0
 HTTP_MAX_BODY = 4096
@@ -164,6 +167,7 @@ class Controller:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._handshakes = 0
+        self._unsettled: Counter[str] = Counter()  # unadmitted connections per (non-loopback) peer
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -335,29 +339,52 @@ class Controller:
             task.add_done_callback(self._tasks.discard)
         keepalive(writer)
         self._writers.add(writer)
+        # Loopback is exempt: under tunnels every walk-in arrives from 127.0.0.1,
+        # and one bad tunnel must not lock the others out.
+        counted = not is_loopback(peer)
+
+        def settle() -> None:  # no longer an unadmitted connection of this peer
+            nonlocal counted
+            if counted:
+                counted = False
+                self._unsettled[peer] -= 1
+                if self._unsettled[peer] <= 0:
+                    del self._unsettled[peer]
+
         try:
-            # Loopback is exempt: under tunnels every walk-in arrives from 127.0.0.1,
-            # and one bad tunnel must not lock the others out.
-            if not is_loopback(peer) and not self.guard.allow(peer, self.clock()):
+            if counted and not self.guard.allow(peer, self.clock()):
                 self.dropped["rate_limited"] += 1
+                counted = False
                 return
+            if counted and self._unsettled[peer] >= MAX_PER_PEER:
+                self.dropped["busy_peer"] += 1
+                counted = False
+                return
+            if counted:
+                self._unsettled[peer] += 1
             try:
                 preamble = await asyncio.wait_for(reader.readexactly(4), PREAMBLE_TIMEOUT)
-            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            except TimeoutError:
+                self._bad(peer, "timeout")  # a silent connection is a bad dial: it held a slot
+                return
+            except (asyncio.IncompleteReadError, ConnectionError):
                 return
             channel = wire.classify(preamble)
             if channel is wire.Channel.HTTP:
                 await self._http(preamble, reader, writer, peer)
             elif channel is wire.Channel.JOIN:
-                await self._join(reader, writer, peer)
+                await self._join(reader, writer, peer, settle)
             else:
                 # rendezvous, data and control channels arrive with the data plane
                 self._bad(peer, "channel")
         except wire.Dropped as exc:
             self._bad(peer, exc.cause)
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+        except TimeoutError:
+            self._bad(peer, "timeout")  # a hello or a request that never completed
+        except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            settle()
             self._writers.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
@@ -379,7 +406,13 @@ class Controller:
                 return None
             codec.feed(data)
 
-    async def _join(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _join(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: str,
+        settle: Callable[[], None] = lambda: None,
+    ) -> None:
         if self._handshakes >= MAX_HANDSHAKES:
             self.dropped["busy"] += 1
             return
@@ -388,6 +421,7 @@ class Controller:
             link = await self._handshake(reader, writer, peer)
         finally:
             self._handshakes -= 1
+            settle()  # admitted or not, the handshake is over
         if link is not None:
             await self._link(reader, link)
 
