@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +41,7 @@ from .probe import kernel_gap
 from .publish import rank_path
 from .rendezvous import StreamRelay, serve_store
 from .signature import ProbeFailed, dataset_signature, probe_model
+from .tls import PinMismatch, check_pin, client_context
 
 DIAL_TIMEOUT = 10.0
 TUNNEL_TIMEOUT = 20.0
@@ -90,6 +92,7 @@ class AgentOptions:
     data_source: str = ""  # join.data_source: mount data_path read-only from here (sshfs, door A)
     stage: str = "~/.flodl/stage"  # node-local: where the fetched tree and its build live
     args: list[str] = field(default_factory=list)  # local args (a published manifest's replace them)
+    tls_fingerprint: str = ""  # the controller port speaks TLS: its certificate's pinned fingerprint
 
 
 @dataclass(frozen=True)
@@ -299,16 +302,33 @@ class Attempt:
 
     async def run(self, dial_host: str, dial_port: int) -> int:
         try:
+            pin = self.options.tls_fingerprint
             reader, writer = await asyncio.wait_for(
                 # A large buffer: the link brings the CPU plane's averages, hundreds of MB a round.
-                asyncio.open_connection(dial_host, dial_port, limit=1 << 22),
+                asyncio.open_connection(
+                    dial_host, dial_port, limit=1 << 22, ssl=client_context() if pin else None
+                ),
                 DIAL_TIMEOUT,
             )
+        except (ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
+            # Something listens, but the handshake died: a port that does not speak TLS hangs up.
+            raise AgentFailure(
+                f"the TLS handshake with {dial_host}:{dial_port} failed ({exc.__class__.__name__}: {exc})",
+                "join.tls_fingerprint is set: does this controller serve TLS (cluster.controller.tls)?",
+            ) from None
         except (OSError, TimeoutError) as exc:
             raise AgentFailure(
                 f"cannot reach the controller at {dial_host}:{dial_port}: {exc}",
                 "is a window open? --persist re-dials until one is",
             ) from None
+        if pin:
+            try:
+                ssl_object = writer.get_extra_info("ssl_object")
+                der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+                check_pin(der, pin, f"the controller at {join_address(dial_host, dial_port)}")
+            except PinMismatch as exc:
+                writer.close()
+                raise AgentFailure(exc.message, exc.fix, PERMANENT) from None
         keepalive(writer)
         try:
             return await self._session(reader, writer, join_address(dial_host, dial_port))

@@ -49,7 +49,7 @@ from .launcher import launch as run_launch
 from .net import AddressError, join_address, split_address
 from .probe import Finding
 from .ranks import known_ranks, plan_window
-from .status import Unreachable, one_line, read_token, render, request, resolve_addr
+from .status import Unreachable, one_line, read_token, render, request, resolve_addr, resolve_pin
 
 EXAMPLES = ("lab", "reference")
 
@@ -434,6 +434,9 @@ def at_cluster(
 )
 @click.option("--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward.")
 @click.option("--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
+@click.option(
+    "--tls-fingerprint", "pin", metavar="SHA256", help="The controller serves TLS: pin its certificate."
+)
 @click.option("--host", "host_name", help="This box's name in the roster (default: hostname).")
 @click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N (default: every GPU).")
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
@@ -448,6 +451,7 @@ def join_cmd(
     token_opt: str | None,
     ssh_dest: str | None,
     identity: Path | None,
+    pin: str | None,
     host_name: str | None,
     devices: str | None,
     persist: bool | None,
@@ -519,6 +523,7 @@ def join_cmd(
         source=block.source,
         data_source=block.data_source or "",
         args=list(args) or list(block.args),
+        tls_fingerprint=_join_pin(pin) or block.tls_fingerprint or "",
     )
     keep = block.persist if persist is None else persist
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
@@ -542,6 +547,15 @@ def join_cmd(
             return 1
 
     raise SystemExit(asyncio.run(main()))
+
+
+def _join_pin(pin: str | None) -> str | None:
+    from .tls import normalize
+
+    try:
+        return normalize(pin) if pin else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tls-fingerprint") from None
 
 
 def _first_error(exc: Exception) -> str:
@@ -576,21 +590,37 @@ def _agent_spec(from_stdin: bool) -> AgentSpec:
 addr_opt = click.option(
     "--addr", help="Controller address host:port (default: ./fdl.cluster.yml, else 127.0.0.1:1337)."
 )
+pin_opt = click.option(
+    "--tls-fingerprint",
+    "pin",
+    metavar="SHA256",
+    help="The controller serves TLS: pin its certificate (default: FDL_TLS_FINGERPRINT, else the "
+    "certificate ./fdl.cluster.yml serves).",
+)
+
+
+def _pin_or_exit(pin: str | None) -> str | None:
+    try:
+        return resolve_pin(pin, Path.cwd())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tls-fingerprint") from None
 
 
 @cli.command()
 @addr_opt
+@pin_opt
 @json_opt
 @click.option("--watch", is_flag=True, help="Refresh every second until the run ends.")
-def status(addr: str | None, as_json: bool, watch: bool) -> None:
+def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> None:
     """Show the controller's phase, countdowns and roster. Exit 1 when nobody answers."""
     target, note = resolve_addr(addr, Path.cwd())
+    pinned = _pin_or_exit(pin)
     if note and not as_json:
         err.print(f"note: {note}", style="dim", markup=False)
 
     def fetch() -> dict[str, Any]:
         try:
-            return request(target, "GET", "/state.json").body
+            return request(target, "GET", "/state.json", pin=pinned).body
         except Unreachable as exc:
             err.print(f"fdl status: {exc}", style="red", markup=False)
             raise SystemExit(1) from None
@@ -607,7 +637,7 @@ def status(addr: str | None, as_json: bool, watch: bool) -> None:
         while state.get("phase") not in ("done", "failed"):
             time.sleep(1.0)  # the refresh interval of a watch display
             try:
-                state = request(target, "GET", "/state.json").body
+                state = request(target, "GET", "/state.json", pin=pinned).body
             except Unreachable:
                 break
             live.update(Group(*render(state)))
@@ -615,20 +645,22 @@ def status(addr: str | None, as_json: bool, watch: bool) -> None:
 
 @cli.command()
 @addr_opt
+@pin_opt
 @click.option(
     "--token",
     "token_opt",
     metavar="-",
     help="`-` reads the run's join.token from stdin (or set FDL_TOKEN); not needed on the controller host.",
 )
-def start(addr: str | None, token_opt: str | None) -> None:
+def start(addr: str | None, pin: str | None, token_opt: str | None) -> None:
     """Fire a manual or hybrid window's start. Exit 0 armed, 1 refused."""
     target, note = resolve_addr(addr, Path.cwd())
+    pinned = _pin_or_exit(pin)
     if note:
         err.print(f"note: {note}", style="dim", markup=False)
     token = _token_or_exit(token_opt)
     try:
-        reply = request(target, "POST", "/start", form={"token": token} if token else None)
+        reply = request(target, "POST", "/start", form={"token": token} if token else None, pin=pinned)
     except Unreachable as exc:
         err.print(f"fdl start: {exc}", style="red", markup=False)
         raise SystemExit(1) from None
@@ -966,6 +998,44 @@ def deploy(
     verdict = "[green]deployed[/]" if result.ok else f"[red]failed[/] (ansible-playbook exited {result.rc})"
     out.print(f"{verdict}; events in {escape(str(result.artifacts))}")
     raise SystemExit(result.rc)
+
+
+@cli.group()
+def tls() -> None:
+    """TLS on the controller port: a self-signed certificate that clients pin."""
+
+
+@tls.command("generate")
+@click.option("--cert", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM out.")
+@click.option("--key", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM key out.")
+@click.option("--name", "names", multiple=True, help="A DNS name or address of the controller (repeat).")
+@click.option("--force", is_flag=True, help="Replace an existing certificate (every pin must change).")
+def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> None:
+    """Write a self-signed certificate and key (0600) for cluster.controller.tls; print the fingerprint
+    workers pin (join.tls_fingerprint)."""
+    from .tls import generate
+
+    if (cert.exists() or key.exists()) and not force:
+        err.print(
+            f"fdl tls generate: {cert if cert.exists() else key} exists\n"
+            "    fix: keep it (fdl tls fingerprint prints its pin), or --force to replace it and re-pin",
+            style="red",
+            markup=False,
+        )
+        raise SystemExit(2)
+    click.echo(generate(cert, key, list(names) or [socket.getfqdn()]))
+
+
+@tls.command("fingerprint")
+@click.argument("cert", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+def tls_fingerprint(cert: Path) -> None:
+    """Print a PEM certificate's pin (sha256:<hex>), as join.tls_fingerprint takes it."""
+    from .tls import cert_fingerprint
+
+    try:
+        click.echo(cert_fingerprint(cert))
+    except ValueError as exc:
+        raise click.BadParameter(f"not a PEM certificate ({exc})", param_hint="CERT") from None
 
 
 @cli.group()

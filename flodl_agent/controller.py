@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -47,6 +48,7 @@ from .placement.parallel import check_world
 from .ranks import RankRange, assign_contiguous
 from .rendezvous import RouteError, StreamRouter
 from .status_page import HTML, status_page
+from .tls import cleartext_warning, server_context
 from .window import Fail, Form, Keep, Window, WindowConfig
 
 PREAMBLE_TIMEOUT = 5.0
@@ -101,6 +103,7 @@ class Settings:
     stall_ceiling: float = 600.0  # seconds an averaging round may wait for its last host
     heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
     parallelism: dict[str, int] | None = None  # tensor/pipeline/data/expert the formed world must satisfy
+    tls: tuple[str, str] | None = None  # (certificate, key): serve the port over TLS
 
 
 def failure_budget(spec: str, world_size: int) -> int:
@@ -168,10 +171,16 @@ class Controller:
         self._writers: set[asyncio.StreamWriter] = set()
         self._handshakes = 0
         self._unsettled: Counter[str] = Counter()  # unadmitted connections per (non-loopback) peer
+        self._warned: set[str] = set()  # peers told their connection is cleartext
 
     # --- lifecycle -----------------------------------------------------------
 
     async def start(self) -> None:
+        tls = self.settings.tls
+        try:
+            context = server_context(Path(tls[0]), Path(tls[1])) if tls else None
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise BindError(f"cannot load the TLS certificate {tls[0] if tls else ''}: {exc}") from None
         try:
             self._server = await asyncio.start_server(
                 self._serve,
@@ -179,6 +188,8 @@ class Controller:
                 self.settings.port,
                 limit=wire.CONTROL_MAX,
                 backlog=socket.SOMAXCONN,  # a storm of walk-ins must not overflow the accept queue
+                ssl=context,
+                ssl_handshake_timeout=PREAMBLE_TIMEOUT if context else None,
             )
         except OSError as exc:
             raise BindError(
@@ -342,6 +353,8 @@ class Controller:
         # Loopback is exempt: under tunnels every walk-in arrives from 127.0.0.1,
         # and one bad tunnel must not lock the others out.
         counted = not is_loopback(peer)
+        if self.settings.tls is None:
+            self._cleartext(peer)
 
         def settle() -> None:  # no longer an unadmitted connection of this peer
             nonlocal counted
@@ -389,6 +402,16 @@ class Controller:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _cleartext(self, peer: str) -> None:
+        """Say once per peer (and remember at most 1024) when one comes from outside the private ranges."""
+        if peer in self._warned or len(self._warned) >= 1024 or not cleartext_warning(peer):
+            return
+        self._warned.add(peer)
+        self.log(
+            f"note: {peer} reaches the controller port in cleartext from outside the private ranges: "
+            "frames are authenticated, not encrypted (cluster.controller.tls encrypts them)"
+        )
 
     def _bad(self, peer: str, cause: str) -> None:
         self.dropped[cause] += 1

@@ -61,6 +61,7 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         max_failure=options.max_failure,
         stall_ceiling=options.stall_ceiling,
         parallelism=options.parallelism,
+        tls=(cluster.controller.tls.cert, cluster.controller.tls.key) if cluster.controller.tls else None,
     )
     return Controller(settings, log=log)
 

@@ -442,7 +442,7 @@ def gather(join: Join | None, cluster: Cluster | None, dial: bool = True) -> Fac
         if dial and join.ssh is not None:
             facts.controller = asyncio.run(_dial_through(join))
         elif dial and join.controller:
-            facts.controller = _dial(join.controller)
+            facts.controller = _dial(join.controller, join.tls_fingerprint)
     if cluster is not None:
         facts.port = _port_facts(cluster.controller.host, cluster.controller.port)
     return facts
@@ -566,9 +566,9 @@ def _fstype(path: Path) -> str:
     return kind
 
 
-def _dial(addr: str) -> dict[str, Any]:
+def _dial(addr: str, pin: str | None = None) -> dict[str, Any]:
     try:
-        reply = request(addr, "GET", "/state.json", timeout=3)
+        reply = request(addr, "GET", "/state.json", timeout=3, pin=pin)
     except Unreachable as exc:
         return {"addr": addr, "error": str(exc)}
     return {"addr": addr, "phase": reply.body.get("phase", "?")}
@@ -583,7 +583,7 @@ async def _dial_through(join: Join) -> dict[str, Any]:
     road = f"{join_address(host, port)} via ssh {join.ssh.target}"
     try:
         async with Tunnel(join.ssh, host, port) as tunnel:
-            facts = await asyncio.to_thread(_dial, f"127.0.0.1:{tunnel.local_port}")
+            facts = await asyncio.to_thread(_dial, f"127.0.0.1:{tunnel.local_port}", join.tls_fingerprint)
     except AgentFailure as exc:
         return {"addr": road, "error": exc.render()}
     return facts | {"addr": road}

@@ -6,10 +6,12 @@ and the rendering of ``/state.json``.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import re
+import ssl
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .net import join_address, local_address, split_address
+from .tls import PinMismatch, check_pin, client_context
 
 DEFAULT_ADDR = "127.0.0.1:1337"
 PHASE_STYLE = {
@@ -43,6 +46,24 @@ class Reply:
     body: dict[str, Any]
 
 
+def resolve_pin(pin: str | None, cwd: Path) -> str | None:
+    """--tls-fingerprint, then FDL_TLS_FINGERPRINT, then the certificate ./fdl.cluster.yml serves."""
+    from .tls import cert_fingerprint, normalize
+
+    text = pin or os.environ.get("FDL_TLS_FINGERPRINT", "")
+    if text:
+        return normalize(text)
+    cluster_file = cwd / "fdl.cluster.yml"
+    if cluster_file.is_file():
+        from .config import ConfigError, load_config
+
+        with contextlib.suppress(ConfigError, OSError, ValueError):
+            cluster = load_config(cluster_file).config.cluster
+            if cluster is not None and cluster.controller.tls is not None:
+                return cert_fingerprint(Path(cluster.controller.tls.cert))
+    return None
+
+
 def resolve_addr(addr: str | None, cwd: Path) -> tuple[str, str | None]:
     """--addr, then the active cluster file, then the default (with a note saying so)."""
     if addr:
@@ -62,19 +83,36 @@ def resolve_addr(addr: str | None, cwd: Path) -> tuple[str, str | None]:
 
 
 def request(
-    addr: str, method: str, path: str, form: dict[str, str] | None = None, timeout: float = 5.0
+    addr: str,
+    method: str,
+    path: str,
+    form: dict[str, str] | None = None,
+    timeout: float = 5.0,
+    pin: str | None = None,
 ) -> Reply:
+    """One HTTP exchange with the controller; over TLS with its certificate pinned when ``pin``."""
     try:
         host, port = split_address(addr)
     except ValueError as exc:
         raise Unreachable(str(exc)) from None
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn: http.client.HTTPConnection = (
+        http.client.HTTPSConnection(host, port, timeout=timeout, context=client_context())
+        if pin
+        else http.client.HTTPConnection(host, port, timeout=timeout)
+    )
     body = urlencode(form).encode() if form else None
     headers = {"content-type": "application/x-www-form-urlencoded"} if body else {}
     try:
+        if pin:
+            conn.connect()
+            sock = conn.sock
+            der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
+            check_pin(der, pin, f"the controller at {addr}")
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         raw = response.read()
+    except PinMismatch as exc:
+        raise Unreachable(exc.render()) from None
     except (OSError, http.client.HTTPException) as exc:
         raise Unreachable(f"no controller answers at {addr} ({exc})") from None
     finally:

@@ -100,6 +100,21 @@ def _token(value: str) -> str:
     return value.lower()
 
 
+def _fingerprint(value: str) -> str:
+    from ..tls import normalize
+
+    try:
+        return normalize(value)
+    except ValueError:
+        raise fail(
+            (
+                (),
+                "is not a SHA-256 certificate fingerprint",
+                "write sha256:<64 hex> (fdl tls fingerprint CERT prints it) or AB:CD:… as openssl prints",
+            )
+        ) from None
+
+
 _IFNAME = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
 
 
@@ -238,6 +253,7 @@ Address = Annotated[str, AfterValidator(_address)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 Variant = Annotated[str, AfterValidator(_variant)]
 Token = Annotated[str, AfterValidator(_token)]
+Fingerprint = Annotated[str, AfterValidator(_fingerprint)]
 IfName = Annotated[str, AfterValidator(_ifname)]
 Env = Annotated[dict[str, str], BeforeValidator(_coerce_env), AfterValidator(_env)]
 Share = Annotated[float, AfterValidator(_share)]
@@ -369,6 +385,13 @@ class JoinWindow(_Model):
         return self
 
 
+class Tls(_Model):
+    """cluster.controller.tls: serve the controller port over TLS with this certificate."""
+
+    cert: AbsPath = Field(description="PEM certificate (self-signed is the norm: clients pin it)")
+    key: AbsPath = Field(description="its PEM private key")
+
+
 class Controller(_Model):
     """cluster.controller: the host that runs the window; never a rank itself."""
 
@@ -378,6 +401,7 @@ class Controller(_Model):
     docker: Name | None = Field(None, description="compose service for the pre-flight build")
     arch: Variant | None = Field(None, description="torch variant for the pre-flight build")
     join: JoinWindow = Field(default_factory=JoinWindow, description="membership-window knobs")
+    tls: Tls | None = Field(None, description="TLS on the controller port (clients pin the certificate)")
 
 
 class Worker(_Model):
@@ -493,6 +517,9 @@ class Join(_Model):
     source: Source | None = Field(None, description="fetch and build the entry point here")
     nccl_socket_ifname: IfName | None = Field(None, description="network interface for NCCL/gloo")
     env: Env = Field(default_factory=dict, description="environment for this box's ranks")
+    tls_fingerprint: Fingerprint | None = Field(
+        None, description="the controller port speaks TLS: pin its certificate (sha256:<hex>)"
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Join:

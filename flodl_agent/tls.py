@@ -1,0 +1,125 @@
+"""Optional TLS on the controller port, with the certificate pinned by fingerprint.
+
+Frames are authenticated by the run key whatever the transport; TLS adds
+confidentiality for fleets that cross networks nobody controls. There is no CA:
+the controller presents a self-signed certificate (the controller role generates
+one, ``fdl tls generate`` does by hand) and every client pins its SHA-256
+fingerprint, checked right after the handshake, before a byte of ours is sent.
+Without TLS the controller says once per peer when a connection comes from
+outside the private ranges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import re
+import ssl
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from .errors import Failure
+
+FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class PinMismatch(Failure):
+    def __init__(self, where: str, expected: str, got: str) -> None:
+        super().__init__(
+            f"{where} presented TLS certificate {got}, not the pinned {expected}",
+            "a certificate that does not match its pin is a different server, or a regenerated one: "
+            "re-distribute the controller's fingerprint (fdl tls fingerprint CERT); never drop the pin",
+        )
+
+
+def fingerprint(der: bytes) -> str:
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def normalize(text: str) -> str:
+    """``sha256:ab..``, ``AB:CD:..`` (openssl, community.crypto) or bare hex, as ``sha256:<hex>``."""
+    hexes = text.strip().lower().removeprefix("sha256:").replace(":", "")
+    value = f"sha256:{hexes}"
+    if not FINGERPRINT.match(value):
+        raise ValueError(
+            f"`{text}` is not a SHA-256 fingerprint (sha256:<64 hex>, or AB:CD:… as openssl prints)"
+        )
+    return value
+
+
+def cert_fingerprint(cert: Path) -> str:
+    return fingerprint(ssl.PEM_cert_to_DER_cert(cert.read_text()))
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def client_context() -> ssl.SSLContext:
+    """No CA and no host name: the pin is the whole check (``check_pin`` after the handshake)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def check_pin(der: bytes | None, expected: str, where: str) -> None:
+    got = fingerprint(der) if der else "(none)"
+    if not hmac.compare_digest(got, expected):
+        raise PinMismatch(where, expected, got)
+
+
+def cleartext_warning(peer: str) -> bool:
+    """Should a cleartext connection from ``peer`` be called out? (outside private ranges)"""
+    try:
+        address = ipaddress.ip_address(peer.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    address = mapped or address
+    return not (address.is_private or address.is_loopback or address.is_link_local)
+
+
+def generate(cert: Path, key: Path, names: list[str], days: int = 3650) -> str:
+    """A self-signed certificate and its key (mode 0600) for the controller; its fingerprint."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0] if names else "flodl-controller")])
+    alt: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alt.append(x509.DNSName(name))
+    now = datetime.now(UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(private.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=days))
+    )
+    if alt:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+    certificate = builder.sign(private, hashes.SHA256())
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.touch(mode=0o600)
+    key.chmod(0o600)
+    key.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return fingerprint(certificate.public_bytes(serialization.Encoding.DER))

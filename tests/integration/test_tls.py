@@ -1,0 +1,168 @@
+"""TLS on the controller port with a pinned certificate: walk-ins, the operator's client,
+and every way a pin can be wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.agent import PERMANENT, AgentFailure
+from flodl_agent.controller import Controller
+from flodl_agent.status import Unreachable, request
+from flodl_agent.tls import cert_fingerprint, cleartext_warning, generate, normalize
+
+from .test_control_plane import agent, run, settings, walk_in
+
+FDL = Path(sys.executable).with_name("fdl")
+
+
+@pytest.fixture
+def cert(tmp_path: Path) -> tuple[Path, Path, str]:
+    c, k = tmp_path / "controller.pem", tmp_path / "controller.key"
+    pin = generate(c, k, ["127.0.0.1", "ctrl.example"])
+    return c, k, pin
+
+
+def test_walk_ins_pin_the_certificate_and_train_over_tls(cert: tuple[Path, Path, str]) -> None:
+    c, k, pin = cert
+    assert (k.stat().st_mode & 0o777) == 0o600 and cert_fingerprint(c) == pin
+
+    async def scenario() -> None:
+        ctl = Controller(settings(tls=(str(c), str(k))))
+        await ctl.start()
+        addr = f"127.0.0.1:{ctl.port}"
+        state = (await asyncio.to_thread(request, addr, "GET", "/state.json", pin=pin)).body
+        assert state["phase"] == "waiting"
+        with pytest.raises(Unreachable, match=r"presented TLS certificate sha256:.*not the pinned"):
+            await asyncio.to_thread(request, addr, "GET", "/state.json", pin="sha256:" + "0" * 64)
+        with pytest.raises(Unreachable):  # plain HTTP to a TLS port gets nothing back
+            await asyncio.to_thread(request, addr, "GET", "/state.json")
+
+        wrong = await walk_in(replace(agent(ctl, "wrong"), tls_fingerprint="sha256:" + "1" * 64))
+        assert isinstance(wrong, AgentFailure) and wrong.code == PERMANENT
+        assert "not the pinned sha256:1111" in wrong.message and "never drop the pin" in wrong.fix
+        plain = await walk_in(agent(ctl, "plain"))  # no pin: a cleartext hello to a TLS port
+        assert isinstance(plain, AgentFailure) and plain.code != PERMANENT
+        assert ctl.admitted == 0
+
+        boxes = [replace(agent(ctl, name), tls_fingerprint=pin) for name in ("box-a", "box-b")]
+        assert await asyncio.gather(*(walk_in(b) for b in boxes)) == [0, 0]
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0 and ctl.admitted == 2
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_a_pinned_client_refuses_a_controller_without_tls() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings())
+        await ctl.start()
+        refused = await walk_in(replace(agent(ctl, "a"), tls_fingerprint="sha256:" + "2" * 64))
+        assert isinstance(refused, AgentFailure)
+        assert "TLS handshake" in refused.message and "cluster.controller.tls" in refused.fix
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_the_cli_generates_prints_and_pins(tmp_path: Path) -> None:
+    c, k = tmp_path / "c.pem", tmp_path / "c.key"
+    made = subprocess.run(
+        [str(FDL), "tls", "generate", "--cert", str(c), "--key", str(k), "--name", "127.0.0.1"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert made.returncode == 0 and made.stdout.strip() == cert_fingerprint(c)
+    again = subprocess.run(
+        [str(FDL), "tls", "generate", "--cert", str(c), "--key", str(k)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert again.returncode == 2 and "--force" in again.stderr  # never silently re-key a fleet
+    printed = subprocess.run(
+        [str(FDL), "tls", "fingerprint", str(c)], capture_output=True, text=True, check=False
+    )
+    assert printed.stdout.strip() == made.stdout.strip()
+
+    async def scenario() -> None:
+        ctl = Controller(settings(tls=(str(c), str(k))))
+        await ctl.start()
+        env = {**os.environ, "NO_COLOR": "1", "FDL_TLS_FINGERPRINT": made.stdout.strip()}
+        status = await asyncio.to_thread(
+            subprocess.run,
+            [str(FDL), "status", "--json", "--addr", f"127.0.0.1:{ctl.port}"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["phase"] == "waiting"
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_fingerprints_are_normalized_and_bad_ones_named() -> None:
+    colons = ":".join(["AB"] * 32)
+    assert normalize(colons) == "sha256:" + "ab" * 32 == normalize("SHA256:" + "AB" * 32)
+    with pytest.raises(ValueError, match="not a SHA-256 fingerprint"):
+        normalize("sha256:abc")
+
+
+@pytest.mark.parametrize(
+    ("peer", "warn"),
+    [
+        ("8.8.8.8", True),
+        ("::ffff:8.8.4.4", True),
+        ("2001:4860::8888", True),
+        ("10.1.2.3", False),
+        ("192.168.1.5", False),
+        ("127.0.0.1", False),
+        ("fe80::1", False),
+        ("not-an-address", False),
+    ],
+)
+def test_cleartext_is_called_out_only_outside_private_ranges(peer: str, warn: bool) -> None:
+    assert cleartext_warning(peer) is warn
+
+
+def test_the_controller_says_it_once_per_peer() -> None:
+    lines: list[str] = []
+    ctl = Controller(settings(), log=lines.append)
+    for _ in range(3):
+        ctl._cleartext("8.8.8.8")
+    ctl._cleartext("10.0.0.1")
+    assert len(lines) == 1 and "8.8.8.8 reaches the controller port in cleartext" in lines[0]
+    assert "cluster.controller.tls" in lines[0]
+
+
+def test_http_client_without_pin_on_tls_port_is_refused_by_the_server(cert: tuple[Path, Path, str]) -> None:
+    c, k, _ = cert
+
+    async def scenario() -> None:
+        ctl = Controller(settings(tls=(str(c), str(k))))
+        await ctl.start()
+
+        def plain() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=10)
+            with pytest.raises((http.client.HTTPException, ConnectionError)):
+                conn.request("GET", "/state.json")
+                conn.getresponse()
+
+        await asyncio.to_thread(plain)
+        await ctl.close()
+
+    run(scenario)
