@@ -5,11 +5,19 @@ training run, written the way a torchrun script is.
 where the rendezvous store is), a DistributedDataParallel model, and each rank
 fitting its own shard of y = 2x + 1. Gradients are averaged every step, so every
 rank ends with the same weights, which it prints.
+
+`--trainer ROUNDS` runs the same fit through the Trainer on the CPU plane
+instead (averaging through the controller), `--pace SECONDS` per batch, with a
+checkpoint at `--checkpoint PATH` when the run ends with ShutdownWithSave: the
+lab's fault suite kills, cuts off and reboots boxes under it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+import time
 
 
 def main() -> None:
@@ -39,5 +47,43 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def trainer(rounds: int, pace: float, checkpoint: str) -> int:
+    import torch
+
+    from .train import ElCheConfig, ShutdownWithSave, Trainer
+
+    class Paced(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(pace)  # a step's compute, stretched so a fault lands mid-run
+            return super().forward(x)
+
+    x = torch.linspace(-1, 1, 256).unsqueeze(1)
+    data = list(zip(x, 2 * x + 1, strict=True))
+    run = Trainer(
+        lambda: Paced(1, 1),
+        data,
+        lambda p: torch.optim.SGD(p, lr=0.1),
+        torch.nn.functional.mse_loss,
+        ElCheConfig.cpu_sync(),
+        batch_size=8,
+        checkpoint=checkpoint,
+    )
+    try:
+        model = run.fit(rounds=rounds)
+    except ShutdownWithSave as exc:
+        print(f"rank {run.rank}: {exc}", flush=True)
+        return 1
+    print(f"rank {run.rank}: done, w={model.weight.item():.4f} b={model.bias.item():.4f}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(prog="python -m flodl_agent.demo_rank")
+    parser.add_argument("--trainer", type=int, metavar="ROUNDS", help="fit through the Trainer (CPU plane)")
+    parser.add_argument("--pace", type=float, default=0.0, help="seconds per batch")
+    parser.add_argument("--checkpoint", default="checkpoint.pt", help="where ShutdownWithSave saves")
+    options = parser.parse_args()
+    if options.trainer is None:
+        main()
+    else:
+        sys.exit(trainer(options.trainer, options.pace, options.checkpoint))

@@ -148,3 +148,26 @@ def test_a_box_whose_data_root_differs_is_refused_at_admission(tmp_path: Path) -
         await ctl.close()
 
     run(scenario)
+
+
+def test_the_demo_rank_trains_through_the_trainer_on_the_cpu_plane(tmp_path: Path) -> None:
+    """What the lab's fault suite runs: `demo_rank --trainer`, two walk-ins, to the end."""
+    command = [
+        sys.executable,
+        "-m",
+        "flodl_agent.demo_rank",
+        "--trainer",
+        "5",
+        "--checkpoint",
+        str(tmp_path / "c"),
+    ]
+
+    async def scenario() -> None:
+        ctl = Controller(settings(command, plane="cpu"))
+        await ctl.start()
+        assert await walk_ins(ctl, ("box-a", 1), ("box-b", 1)) == [0, 0]
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        await ctl.close()
+
+    run(scenario)
