@@ -310,13 +310,13 @@ class Attempt:
                 ),
                 DIAL_TIMEOUT,
             )
-        except (ssl.SSLError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
-            # Something listens, but the handshake died: a port that does not speak TLS hangs up.
-            raise AgentFailure(
-                f"the TLS handshake with {dial_host}:{dial_port} failed ({exc.__class__.__name__}: {exc})",
-                "join.tls_fingerprint is set: does this controller serve TLS (cluster.controller.tls)?",
-            ) from None
-        except (OSError, TimeoutError) as exc:
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            if pin and isinstance(exc, ssl.SSLError | ConnectionResetError | asyncio.IncompleteReadError):
+                # Something listens, but the handshake died: a port that does not speak TLS hangs up.
+                raise AgentFailure(
+                    f"the TLS handshake with {dial_host}:{dial_port} failed ({type(exc).__name__}: {exc})",
+                    "join.tls_fingerprint is set: does this controller serve TLS (cluster.controller.tls)?",
+                ) from None
             raise AgentFailure(
                 f"cannot reach the controller at {dial_host}:{dial_port}: {exc}",
                 "is a window open? --persist re-dials until one is",

@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -214,18 +214,32 @@ def test_boxes_that_fetched_across_a_publish_boundary_never_form_one_world(tmp_p
         ctl = Controller(settings())
         await ctl.start()
         early = replace(agent(ctl, "early"), source=source(served), stage=str(tmp_path / "early"))
-        first = asyncio.ensure_future(walk_in(early))
-        await until(lambda: ctl.admitted == 1)
-        await asyncio.to_thread(published, tmp_path)  # the operator publishes the next run
         late = replace(agent(ctl, "late"), source=source(served), stage=str(tmp_path / "late"))
-        refused = await walk_in(late)
-        assert isinstance(refused, AgentFailure) and "run identity mismatch" in refused.message
-        assert ctl.refused.get("run_mismatch") == 1
-        first.cancel()
-        await asyncio.gather(first, return_exceptions=True)
+
+        async def after_a_publish() -> int | AgentFailure:
+            await asyncio.to_thread(published, tmp_path)  # the operator publishes the next run
+            return await walk_in(late)
+
+        refused = await second_refused(ctl, walk_in(early), after_a_publish)
+        assert "run identity mismatch" in refused.message and ctl.refused.get("run_mismatch") == 1
         await ctl.close()
 
     run(scenario)
+
+
+async def second_refused(
+    ctl: Controller,
+    first: Coroutine[Any, Any, int | AgentFailure],
+    second: Callable[[], Coroutine[Any, Any, int | AgentFailure]],
+) -> AgentFailure:
+    """The first box walks in and waits in the window; the second, dialled then, is refused."""
+    waiting = asyncio.ensure_future(first)
+    await until(lambda: ctl.admitted == 1, timeout=60)
+    refused = await second()
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert isinstance(refused, AgentFailure), refused
+    return refused
 
 
 def test_a_box_dialling_while_the_gate_builds_finds_no_run_then_the_new_one(tmp_path: Path) -> None:
@@ -389,13 +403,8 @@ def test_a_box_that_builds_another_model_is_refused_at_the_window_before_trainin
             opts = replace(agent(ctl, name), source=source(request.served), stage=str(tmp_path / name))
             return walk_in(replace(opts, env=env), logs)
 
-        first = asyncio.ensure_future(box("same"))
-        await until(lambda: ctl.admitted == 1, timeout=60)
-        refused = await box("odd", WIDTH="3")
-        assert isinstance(refused, AgentFailure) and "model mismatch" in refused.message
-        assert ctl.refused.get("model_mismatch") == 1
-        first.cancel()
-        await asyncio.gather(first, return_exceptions=True)
+        refused = await second_refused(ctl, box("same"), lambda: box("odd", WIDTH="3"))
+        assert "model mismatch" in refused.message and ctl.refused.get("model_mismatch") == 1
         await ctl.close()
 
     run(scenario)

@@ -26,8 +26,13 @@ ARTIFACTS = ROOT / "build" / "test-artifacts" / "deploy"
 
 
 def play(env: dict[str, str], playbook: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return in_lab(env, "ansible-playbook", playbook, *extra)
+
+
+def in_lab(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """A command from the repo root against the lab's inventory."""
     return subprocess.run(
-        ["ansible-playbook", playbook, *extra],
+        list(argv),
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -62,15 +67,8 @@ def test_site_converges_then_changes_nothing(lab: dict[str, str]) -> None:
     first = play(lab, "site.yml")
     assert first.returncode == 0, first.stdout[-4000:]
     # The second pass goes through `fdl deploy` (ansible-runner): the operator's road.
-    second = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "fdl"), "deploy", "site.yml", "--json", "--artifacts", str(ARTIFACTS)],
-        cwd=ROOT,
-        env=lab,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
+    fdl = str(ROOT / ".venv" / "bin" / "fdl")
+    second = in_lab(lab, fdl, "deploy", "site.yml", "--json", "--artifacts", str(ARTIFACTS))
     assert second.returncode == 0, second.stderr[-4000:]
     report = json.loads(second.stdout)
     counts = report["recap"]
