@@ -48,8 +48,9 @@ from typing import Any
 
 from flodl_agent import wire
 from flodl_agent.controller import Controller, Settings
-from flodl_agent.messages import Accept, Challenge, Hello, WorldFormed
-from flodl_agent.messages import parse as parse_message
+from flodl_agent.join_protocol import Accepted, Challenged, Formed, JoinClient
+from flodl_agent.messages import WorldFormed
+from flodl_agent.streams import next_event, write_parts
 from flodl_agent.window import WindowConfig
 
 FULL_NS = (100, 1000, 10000)
@@ -140,88 +141,52 @@ class Walkins:
         self.failed.set()
 
 
-def split_frame(buffer: bytearray) -> bytes | None:
-    """One whole frame's bytes off the front of ``buffer`` (length framing only, no tag check)."""
-    if len(buffer) < wire.HEADER.size:
-        return None
-    end = wire.HEADER.size + wire.HEADER.unpack_from(buffer)[3]
-    if len(buffer) < end:
-        return None
-    frame = bytes(buffer[:end])
-    del buffer[:end]
-    return frame
-
-
-async def next_raw(reader: asyncio.StreamReader, buffer: bytearray) -> bytes:
-    while True:
-        frame = split_frame(buffer)
-        if frame is not None:
-            return frame
-        data = await reader.read(65536)
-        if not data:
-            raise ConnectionError("the controller closed the link")
-        buffer += data
-
-
-def verify(codec: wire.Codec, raw: bytes) -> wire.Frame:
-    codec.feed(raw)
-    frame = codec.next_frame()
-    assert frame is not None  # split_frame handed over exactly one whole frame
-    return frame
-
-
-def check_world(frame: wire.Frame, host: str, first: int, n: int) -> None:
-    """The world names this host at the rank its Accept promised (decoded body dropped on return)."""
-    if frame.kind is not wire.Kind.WORLD_FORMED or frame.body.get("world_size") != n:
-        raise AssertionError(f"expected WorldFormed of {n} ranks, got {frame.kind.name}")
-    share = frame.body["host"]
-    if (share["host"], share["first_rank"]) != (host, first):
-        raise AssertionError(f"{host} was promised rank {first}, the world says {share}")
-    if first == n - 1:
-        WorldFormed.model_validate(frame.body)  # one full parse, as the real agent does
+def check_world(world: WorldFormed, host: str, first: int, n: int) -> None:
+    """The world names this host at the rank its Accept promised."""
+    if world.world_size != n:
+        raise AssertionError(f"expected a world of {n} ranks, got {world.world_size}")
+    if (world.host.host, world.host.first_rank) != (host, first):
+        raise AssertionError(f"{host} was promised rank {first}, the world says {world.host}")
 
 
 async def walk_in(i: int, port: int, dials: asyncio.Semaphore, side: Walkins) -> None:
-    """One simulated agent, speaking the real protocol over a raw connection."""
+    """One simulated agent: the agent's own protocol objects over a raw connection."""
     host = f"walkin-{i:05d}"
-    buffer = bytearray()
     async with dials:  # held through Accept: bounds the handshakes in flight, not the open links
         if side.first_dial is None:
             side.first_dial = time.perf_counter()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            writer.write(wire.Channel.JOIN.value)
-            # Loopback bind means open admission: pre-admission frames carry the all-zeros key.
-            codec = wire.Codec(wire.OPEN_KEY)
-            challenge = parse_message(verify(codec, await next_raw(reader, buffer)))
-            if not isinstance(challenge, Challenge):
-                raise AssertionError(f"expected a challenge, got {challenge!r}")
-            client_nonce = wire.new_nonce()
-            hello = Hello(nonce=challenge.nonce, client_nonce=client_nonce, host=host, devices=["cpu:0"])
-            writer.write(codec.encode(wire.Kind.HELLO, hello.model_dump()))
+            client = JoinClient(None)  # loopback bind means open admission
+            writer.write(client.start())
+            challenged = await next_event(reader, client)
+            if not isinstance(challenged, Challenged):
+                raise AssertionError(f"expected a challenge, got {challenged!r}")
+            writer.write(client.hello({"host": host, "devices": ["cpu:0"]}))
             side.hellos.append(time.perf_counter())
-            accept = parse_message(verify(codec, await next_raw(reader, buffer)))
-            if not isinstance(accept, Accept) or accept.salt is None:
-                raise AssertionError(f"expected an open-admission accept, got {accept!r}")
+            accepted = await next_event(reader, client)
+            if not isinstance(accepted, Accepted) or accepted.accept.salt is None:
+                raise AssertionError(f"expected an open-admission accept, got {accepted!r}")
             side.accepts.append(time.perf_counter())
         except BaseException:
             writer.close()
             raise
     try:
-        codec.rekey(wire.connection_key(accept.salt, challenge.nonce, client_nonce))
-        raw = await next_raw(reader, buffer)
-        side.formed.append(time.perf_counter())  # arrival; verification waits for the release
+        formed = await next_event(reader, client)
+        side.formed.append(time.perf_counter())
         if len(side.formed) == side.n:
             side.all_formed.set()
         await side.released.wait()
         if side.aborted:
             return
-        first = accept.ranks[0]
-        check_world(verify(codec, raw), host, first, side.n)
-        del raw  # N agents each holding an N-host world is O(N^2) memory for the harness
+        if not isinstance(formed, Formed):
+            raise AssertionError(f"expected WorldFormed, got {formed!r}")
+        first = accepted.accept.ranks[0]
+        check_world(formed.world, host, first, side.n)
+        del formed  # N agents each holding an N-host world is O(N^2) memory for the harness
         # Report the rank finished before leaving: a link closing with ranks
         # unreported reads as a dead host and fails the run.
-        writer.write(codec.encode(wire.Kind.RANK_EXITED, {"rank": first, "code": 0}))
+        write_parts(writer, client.send(wire.Kind.RANK_EXITED, {"rank": first, "code": 0}))
         await writer.drain()
     finally:
         writer.close()

@@ -9,6 +9,7 @@ re-dialling can help (transient) or not (permanent).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -58,6 +59,12 @@ class Cohort:
     @property
     def first(self) -> Hello | None:
         return next(iter(self._by_host.values()), None)
+
+    @property
+    def run_id(self) -> str:
+        """The published run the cohort holds: its first member's (admission holds the rest to it)."""
+        first = self.first
+        return first.run_id if first is not None else ""
 
     def reference(self, attr: str) -> Hello | None:
         """The first member, in admission order, with a non-empty ``attr``."""
@@ -194,3 +201,49 @@ class DialGuard:
         self._budget[peer] = (level, now)  # most recent last: the dict is the LRU order
         while len(self._budget) > self.max_peers:
             del self._budget[next(iter(self._budget))]  # forget the peer penalized longest ago
+
+
+@dataclass
+class Gate:
+    """Which connections the controller serves at all, before any frame (pure).
+
+    Bad dials spend the peer's ``DialGuard`` budget; one address may hold at most
+    ``per_peer`` unadmitted connections at once (so a flood cannot hold every
+    handshake slot or file descriptor). Loopback is exempt from both: under tunnels
+    every walk-in arrives from 127.0.0.1, and one bad tunnel must not lock the others
+    out. ``dropped`` counts every connection turned away or cut, by cause.
+    """
+
+    per_peer: int = 256
+    guard: DialGuard = field(default_factory=DialGuard)
+    dropped: Counter[str] = field(default_factory=Counter)
+    _unsettled: Counter[str] = field(default_factory=Counter)
+
+    def open(self, peer: str, counted: bool, now: float) -> bool:
+        """A new connection from ``peer``; False (and counted) when it is turned away.
+        ``counted``: the peer is not loopback."""
+        if not counted:
+            return True
+        if not self.guard.allow(peer, now):
+            self.dropped["rate_limited"] += 1
+            return False
+        if self._unsettled[peer] >= self.per_peer:
+            self.dropped["busy_peer"] += 1
+            return False
+        self._unsettled[peer] += 1
+        return True
+
+    def settle(self, peer: str) -> None:
+        """One of ``peer``'s opened connections is admitted or gone."""
+        self._unsettled[peer] -= 1
+        if self._unsettled[peer] <= 0:
+            del self._unsettled[peer]
+
+    def bad(self, peer: str, cause: str, counted: bool, now: float) -> None:
+        """A dial went wrong (junk, a bad tag, silence): count it, and charge the peer."""
+        self.dropped[cause] += 1
+        if counted:
+            self.guard.penalize(peer, now)
+
+    def unsettled(self, peer: str) -> int:
+        return self._unsettled[peer]

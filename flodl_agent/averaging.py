@@ -35,7 +35,7 @@ import numpy as np
 from . import wire
 from .hub import decode, encode
 
-DATA_MAX = 1 << 30  # one frame of parameters: a 256M-parameter model in float32 (plus its map)
+DATA_MAX = wire.LINK_MAX  # one frame of parameters on a host's link
 ENV_PORT, ENV_KEY, ENV_DIR = "FLODL_AVERAGE_PORT", "FLODL_AVERAGE_KEY", "FLODL_AVERAGE_DIR"
 LOOPBACK_MAX = 64 * 1024  # loopback frames carry no parameters
 AVERAGE_FILE = "average"

@@ -16,8 +16,9 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
-from .fanout import encode_spec, run_fdl, worker_spec, worker_ssh
+from .fanout import run_fdl, worker_ssh
 from .probe import Finding, as_json_payload, check, gather
 
 PROBE_TIMEOUT = 120.0  # seconds one box gets (importing torch on a cold disk is slow)
@@ -159,7 +160,7 @@ async def _probe_worker(worker: Worker, path: str | None, timeout: float) -> Rep
     except OSError as exc:
         return Report(worker.host, error=f"cannot run ssh: {exc.strerror}")
     try:
-        out, errout = await asyncio.wait_for(proc.communicate(encode_spec(worker_spec(worker))), timeout)
+        out, errout = await asyncio.wait_for(proc.communicate(encode(for_worker(worker))), timeout)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()

@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import shlex
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .address import is_bind_all, join_address, local_address
 from .agent import output_lines
+from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
-from .net import is_bind_all, join_address, local_address, ssh_argv
+from .net import ssh_argv
 
 
 class FanoutError(ValueError):
@@ -65,30 +66,10 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
         extra = ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:{join_address(far, port)}"]
         dial_host = "127.0.0.1"
     tag = orphan_tag(f"{ctl_host}:{port}", worker)
-    spec = worker_spec(worker) | {
-        "controller_host": dial_host,
-        "controller_port": port,
-        "key": key.hex(),
-    }
+    spec = for_worker(worker, controller_host=dial_host, controller_port=port, key=key.hex())
     argv = worker_ssh(worker, extra)
     argv.append(remote_command(tag, worker.path or cluster.controller.path))
-    return Plan(worker.host, argv, encode_spec(spec))
-
-
-def worker_spec(worker: Worker) -> dict[str, object]:
-    """What a worker entry tells the agent (or the probe) on its box: an AgentSpec's fields."""
-    return {
-        "host": worker.host,
-        "devices": str(worker.local_devices),
-        "data_path": worker.data_path or "",
-        "env": worker.env,
-        "socket_ifname": worker.nccl_socket_ifname or "",
-    }
-
-
-def encode_spec(spec: dict[str, object]) -> bytes:
-    """One stdin line: hex-encoded JSON (what ``--spec-stdin`` reads)."""
-    return json.dumps(spec).encode().hex().encode() + b"\n"
+    return Plan(worker.host, argv, encode(spec))
 
 
 def worker_ssh(worker: Worker, extra: list[str] | tuple[str, ...] = ()) -> list[str]:

@@ -8,12 +8,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .address import is_loopback
 from .config.models import Cluster
-from .controller import BindError, Controller, Settings
+from .controller import Controller, Settings
 from .errors import Failure
 from .fanout import Fanout, FanoutError, plan
+from .listener import BindError
 from .messages import Plane
-from .net import is_loopback
 from .ranks import plan_window
 from .window import WindowConfig
 
@@ -56,7 +57,7 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         open_admission=join.open_admission,
         plane=options.plane,
         env=dict(cluster.env),
-        run=secrets.token_hex(4),
+        launch=secrets.token_hex(4),
         roster=[w.host for w in cluster.workers],
         max_failure=options.max_failure,
         stall_ceiling=options.stall_ceiling,
@@ -84,7 +85,8 @@ async def launch(
     mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
     window = settings.window
     log(
-        f"join window open on {settings.bind}:{controller.port} (run {settings.run}, admission {mode}); "
+        f"join window open on {settings.bind}:{controller.port} "
+        f"(launch {settings.launch}, admission {mode}); "
         f"quorum {window.quorum}, target {window.target}, start {window.start}"
     )
     by_host = {w.host: w for w in cluster.workers}
@@ -127,5 +129,5 @@ async def launch(
         await controller.close()
         await fanout.stop()
     if report is not None:
-        report(controller.report())
+        report(controller.view.report())
     return controller.exit_code

@@ -20,17 +20,17 @@ Sig = Annotated[str, Field(max_length=128, pattern=r"^[0-9a-f]*$")]
 Plane = Literal["nccl", "cpu"]
 
 
-class _Msg(BaseModel):
+class Msg(BaseModel):
+    """A message body: every field is read by the other side (or it goes)."""
+
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class Challenge(_Msg):
-    nonce: bytes = Field(min_length=16, max_length=16)
-    open: bool = False  # open admission: the salt comes back in Accept
-    run: Short = ""  # a label for logs, never a secret
+class Challenge(Msg):
+    nonce: bytes = Field(min_length=16, max_length=16)  # the hello must echo it: no replay
 
 
-class Hello(_Msg):
+class Hello(Msg):
     """What a walk-in says about itself."""
 
     nonce: bytes = Field(min_length=16, max_length=16)  # the server's challenge, echoed
@@ -41,10 +41,9 @@ class Hello(_Msg):
     variant: Short = "cpu"  # torch variant label: cpu, cu128, rocm6.4, ...
     dataset_sig: Sig = ""
     model_sig: Sig = ""
-    run_id: Sig = ""
+    run_id: Sig = ""  # the published run this box fetched and built (32 hex), "" when none
     nccl: Short = ""  # "2.27.3", empty when the variant ships none
     data_path: Short = ""
-    pid: int = 0
 
     @property
     def vendor(self) -> str:
@@ -59,54 +58,48 @@ def vendor_of(variant: str) -> str:
     return "cpu"
 
 
-class Accept(_Msg):
+class Accept(Msg):
     ranks: tuple[int, int]  # (first, count) — provisional until WorldFormed
     salt: bytes | None = None  # only under open admission
-    command: list[str]
-    plane: Plane = "cpu"
-    run: Short = ""
 
 
-class Reject(_Msg):
+class Reject(Msg):
     reason: str
     fix: str = ""
     permanent: bool = False
 
 
-class HostEnvelope(_Msg):
+class HostEnvelope(Msg):
     """One host's share of the formed world."""
 
     host: str
     first_rank: int
     count: int
-    data_path: str = ""
 
 
-class WorldFormed(_Msg):
+class WorldFormed(Msg):
     """The formed world as one host needs it: its own share, never the whole roster
     (which would make formation O(N^2) and outgrow the frame cap at fleet scale)."""
 
     world_size: int
     host: HostEnvelope
     group: int  # this host's index among the hosts (GROUP_RANK)
-    hosts: int
-    controller: str  # host:port as the controller sees itself; the agent rewrites it
-    command: list[str]
-    plane: Plane = "cpu"
+    hosts: int  # how many hosts the world spans (GROUP_WORLD_SIZE)
+    command: list[str]  # the launch's command: a published manifest or a walk-in's --bin may override it
     env: dict[str, str] = Field(default_factory=dict)
-    run: Short = ""
+    launch: Short = ""  # the launch's label (TORCHELASTIC_RUN_ID); not the published run's identity
 
 
-class RankExited(_Msg):
+class RankExited(Msg):
     rank: int
     code: int
 
 
-class Abort(_Msg):
+class Abort(Msg):
     reason: str
 
 
-class Average(_Msg):
+class Average(Msg):
     """A round pushed towards the controller; the parameters are the frame's raw bytes.
 
     On the link: a host's folded round (the sum of its ranks' weight * params,
@@ -122,7 +115,7 @@ class Average(_Msg):
     size: int = Field(0, ge=0)
 
 
-class Averaged(_Msg):
+class Averaged(Msg):
     """A round's average (the frame's raw bytes; on loopback, in the host's shared average) or why not."""
 
     round: int = Field(ge=0, lt=2**62)
@@ -133,7 +126,7 @@ class Averaged(_Msg):
     size: int = Field(0, ge=0)
 
 
-class Stream(_Msg):
+class Stream(Msg):
     """Bytes of one rendezvous stream (a rank's connection to the store); ``end`` closes it."""
 
     id: int = Field(ge=0, lt=2**62)
@@ -141,19 +134,19 @@ class Stream(_Msg):
     end: bool = False
 
 
-class RankReport(_Msg):
+class RankReport(Msg):
     step: int = Field(ge=0, lt=2**62)
     loss: float | None = None
     at: float = 0.0
 
 
-class Heartbeat(_Msg):
+class Heartbeat(Msg):
     """A host is alive; with its ranks' latest progress reports (rank -> report)."""
 
     ranks: dict[int, RankReport] = Field(default_factory=dict, max_length=1024)
 
 
-_BODIES: dict[Kind, type[_Msg]] = {
+_BODIES: dict[Kind, type[Msg]] = {
     Kind.CHALLENGE: Challenge,
     Kind.HELLO: Hello,
     Kind.ACCEPT: Accept,
@@ -172,7 +165,7 @@ class BadMessage(ValueError):
     pass
 
 
-def parse(frame: Frame) -> _Msg | None:
+def parse(frame: Frame) -> Msg | None:
     """The typed body of ``frame`` (``None`` for kinds without one)."""
     model = _BODIES.get(frame.kind)
     if model is None:

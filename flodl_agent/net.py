@@ -1,13 +1,41 @@
-"""Small facts about addresses and sockets, shared by the controller, the agent
-and the operator's client."""
+"""Sockets, interfaces and ssh command lines, shared by the controller, the agent
+and the operator's client. Addresses as text live in the pure :mod:`.address`."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import ipaddress
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+# Re-exported for the importers that still name them here; new code imports .address.
+from .address import (
+    BIND_ALL,
+    AddressError,
+    is_bind_all,
+    is_loopback,
+    join_address,
+    local_address,
+    split_address,
+)
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = [
+    "BIND_ALL",
+    "DEAD_MOUNT",
+    "KEEPALIVE",
+    "AddressError",
+    "is_bind_all",
+    "is_loopback",
+    "join_address",
+    "keepalive",
+    "local_address",
+    "socket_ifnames",
+    "split_address",
+    "ssh_argv",
+]
 
 # A peer that vanishes without a FIN (power cut, pulled cable, dead VM) is
 # noticed after about a minute instead of never.
@@ -15,50 +43,6 @@ KEEPALIVE = {"TCP_KEEPIDLE": 30, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3}
 
 # A FUSE mount whose daemon died answers one of these (which one depends on timing).
 DEAD_MOUNT = frozenset({errno.ENOTCONN, errno.ECONNABORTED})
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%")[0].strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-BIND_ALL = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
-
-
-def is_bind_all(host: str) -> bool:
-    return host in BIND_ALL
-
-
-def local_address(host: str) -> str:
-    """Where this box reaches a server bound to ``host``: a bind-all address is
-    reached on the loopback of the same family, anything else as it is."""
-    return BIND_ALL.get(host, host)
-
-
-def join_address(host: str, port: int) -> str:
-    """``host:port``, with an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class AddressError(ValueError):
-    pass
-
-
-def split_address(text: str, default_port: int = 1337) -> tuple[str, int]:
-    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``."""
-    host, port_text = text, ""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest.removeprefix(":")
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    if not host or (port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536)):
-        raise AddressError(
-            f"`{text}` is not an address: write host[:port], e.g. 10.0.0.1:1337 or [fd00::1]:1337"
-        )
-    return host, int(port_text) if port_text else default_port
 
 
 def ssh_argv(

@@ -17,18 +17,20 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from .config.models import Cluster, Join
+from .gpus import Card, Torch, discover, read_torch
 from .net import DEAD_MOUNT, join_address, socket_ifnames, split_address
+from .offer import kernel_gap
+from .retry import AgentFailure
 from .status import Unreachable, request
+from .tunnel import Tunnel
 
 Level = Literal["ok", "warn", "fail"]
 LOW_DISK = 2 * 1024**3  # bytes free below which the cache is called nearly full
-KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")  # AMD GPUs, readable with no ROCm runtime
 
 
 @dataclass(frozen=True)
@@ -37,21 +39,6 @@ class Finding:
     level: Level
     message: str
     fix: str = ""
-
-
-@dataclass
-class Torch:
-    version: str = ""
-    error: str = ""  # why it does not import
-    cuda: str = ""  # the CUDA it was built for ("" for CPU and ROCm builds)
-    hip: str = ""
-    usable_gpus: int = 0
-    nccl: str = ""
-    gloo: bool = False
-    archs: list[str] = field(
-        default_factory=list
-    )  # what the build ships kernels for (sm_90, compute_90, gfx942)
-    libc: str = ""  # this box's C library, as confstr says ("glibc 2.36")
 
 
 @dataclass
@@ -84,57 +71,6 @@ def check(facts: Facts, join: Join | None = None, cluster: Cluster | None = None
     if cluster is not None:
         found += _cluster(cluster, facts)
     return found
-
-
-_ARCH = re.compile(r"(sm|compute)_(\d+)(\d)([a-z]?)")
-
-
-def covers(flags: list[str], arch: str) -> bool:
-    """Does a torch build with these arch flags run kernels on a device of ``arch``?
-
-    ``sm_XY`` cubins run on the same major at an equal or later minor (``sm_80``
-    on an 8.6 card); a suffixed one (``sm_90a``) only on its own arch; ``compute_XY``
-    PTX is compiled at load for any later device. AMD code objects match exactly.
-    """
-    if arch.startswith("gfx"):
-        return any(flag.split(":")[0] == arch for flag in flags)
-    device = _ARCH.fullmatch(arch)
-    if device is None:
-        return True  # an arch we cannot read is not called uncovered
-    want = (int(device.group(2)), int(device.group(3)))
-    for flag in flags:
-        m = _ARCH.fullmatch(flag)
-        if m is None:
-            continue
-        have = (int(m.group(2)), int(m.group(3)))
-        if m.group(1) == "compute" and have <= want:
-            return True
-        if m.group(1) == "sm" and (have == want if m.group(4) else have[0] == want[0] and have[1] <= want[1]):
-            return True
-    return False
-
-
-def kernel_gap(build: str, flags: list[str], devices: list[tuple[int, str, str]]) -> Finding | None:
-    """A failing finding when the build covers only part of the offered ``(index, name, arch)`` devices."""
-    if not flags:
-        return None  # the build does not say: nothing to compare
-    missing = [(i, name, arch) for i, name, arch in devices if not covers(flags, arch)]
-    if not missing:
-        return None
-    cards = ", ".join(f"GPU {i} ({name}, {arch})" for i, name, arch in missing)
-    return Finding(
-        "variant",
-        "fail",
-        f"{build} ships no kernel for part of what this box offers: {cards}; it covers {' '.join(flags)}",
-        "libtorch: auto picks a covering variant when one exists; --devices (join.devices) scopes the "
-        "offer to covered cards",
-    )
-
-
-def gfx_name(target_version: int) -> str:
-    """KFD's gfx_target_version (90402) as the target's name (gfx942); 90010 is gfx90a."""
-    major, minor, stepping = target_version // 10000, target_version // 100 % 100, target_version % 100
-    return f"gfx{major}{minor:x}{stepping:x}"
 
 
 _GLIBC = re.compile(r"GLIBC(?:XX)?_([\d.]+)'? not found")
@@ -281,14 +217,16 @@ def _coverage(facts: Facts, join: Join | None) -> list[Finding]:
     names, archs = facts.gpus.get(vendor, []), facts.archs.get(vendor, [])
     offer = join.devices if join is not None else None
     wanted = list(offer.gpus) if offer is not None and offer.kind == "gpus" else range(len(archs))
-    devices = [(i, names[i] if i < len(names) else "?", archs[i]) for i in wanted if i < len(archs)]
+    devices = [Card(i, names[i] if i < len(names) else "?", archs[i]) for i in wanted if i < len(archs)]
     build = f"torch {t.version} ({f'CUDA {t.cuda}' if t.cuda else f'ROCm {t.hip}'})"
     gap = kernel_gap(build, t.archs, devices)
     if gap is not None:
-        return [gap]
+        return [Finding("variant", "fail", gap.message, gap.fix)]
     if devices and t.archs:
         return [
-            Finding("variant", "ok", f"{build} has kernels for {', '.join(sorted({a for *_, a in devices}))}")
+            Finding(
+                "variant", "ok", f"{build} has kernels for {', '.join(sorted({c.arch for c in devices}))}"
+            )
         ]
     return []
 
@@ -429,8 +367,8 @@ def _cluster(cluster: Cluster, facts: Facts) -> list[Finding]:
 
 
 def gather(join: Join | None, cluster: Cluster | None, dial: bool = True) -> Facts:
-    gpus, archs = _gpu_tools()
-    facts = Facts(torch=_torch_facts(), gpus=gpus, archs=archs, interfaces=_interfaces())
+    gpus, archs = discover()
+    facts = Facts(torch=read_torch(), gpus=gpus, archs=archs, interfaces=_interfaces())
     if join is not None:
         facts.tools = {
             tool: (Path("/dev/fuse").exists() if tool == "fuse" else shutil.which(tool) is not None)
@@ -446,79 +384,6 @@ def gather(join: Join | None, cluster: Cluster | None, dial: bool = True) -> Fac
     if cluster is not None:
         facts.port = _port_facts(cluster.controller.host, cluster.controller.port)
     return facts
-
-
-def _torch_facts() -> Torch:
-    try:
-        import torch
-        import torch.distributed as dist
-    except Exception as exc:  # an ImportError, or a broken install's OSError
-        return Torch(error=f"{type(exc).__name__}: {exc}", libc=_libc())
-    t = Torch(
-        version=str(torch.__version__),
-        cuda=torch.version.cuda or "",
-        hip=getattr(torch.version, "hip", None) or "",
-        gloo=bool(dist.is_available() and dist.is_gloo_available()),
-        libc=_libc(),
-    )
-    with contextlib.suppress(Exception):  # read from the build: no device is touched
-        t.archs = str(torch._C._cuda_getArchFlags() or "").split()
-    with contextlib.suppress(Exception):
-        t.usable_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if t.cuda or t.hip:
-        with contextlib.suppress(Exception):
-            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
-            t.nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-    return t
-
-
-def _gpu_tools(kfd: Path = KFD_NODES) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """(vendor -> names, vendor -> archs) from the vendor tools and sysfs; no GPU runtime is loaded."""
-    gpus: dict[str, list[str]] = {}
-    archs: dict[str, list[str]] = {}
-    lines = _tool_lines(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"])
-    if lines:
-        rows = [line.rsplit(",", 1) for line in lines]
-        gpus["nvidia"] = [row[0].strip() for row in rows]
-        archs["nvidia"] = [f"sm_{row[1].strip().replace('.', '')}" if len(row) == 2 else "?" for row in rows]
-    amd = kfd_archs(kfd)
-    names = [
-        line.split(",")[-1]
-        for line in _tool_lines(["rocm-smi", "--showproductname", "--csv"])
-        if line.startswith("card")
-    ]
-    if amd or names:
-        gpus["amd"] = names if len(names) == len(amd) or not amd else [f"AMD {a}" for a in amd]
-        archs["amd"] = amd
-    return gpus, archs
-
-
-def _tool_lines(argv: list[str]) -> list[str]:
-    if shutil.which(argv[0]) is None:
-        return []
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
-        if out.returncode == 0:
-            return [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    return []
-
-
-def kfd_archs(root: Path = KFD_NODES) -> list[str]:
-    """The gfx target of each GPU node in the KFD topology (CPU nodes have version 0)."""
-    found: list[tuple[int, str]] = []
-    with contextlib.suppress(OSError):
-        for node in root.iterdir():
-            if not node.name.isdigit():
-                continue
-            props = dict(
-                parts
-                for line in (node / "properties").read_text().splitlines()
-                if len(parts := line.split()) == 2
-            )
-            version = int(props.get("gfx_target_version", "0") or 0)
-            if version:
-                found.append((int(node.name), gfx_name(version)))
-    return [arch for _, arch in sorted(found)]
 
 
 def _interfaces() -> list[str]:
@@ -576,8 +441,6 @@ def _dial(addr: str, pin: str | None = None) -> dict[str, Any]:
 
 async def _dial_through(join: Join) -> dict[str, Any]:
     """The controller through the join's own ssh forward: the road a walk-in takes."""
-    from .agent import AgentFailure, Tunnel
-
     assert join.ssh is not None
     host, port = split_address(join.controller or "127.0.0.1:1337")
     road = f"{join_address(host, port)} via ssh {join.ssh.target}"
@@ -601,12 +464,6 @@ def _port_facts(host: str, port: int) -> dict[str, Any]:
         except OSError:
             return {"port": port, "free": False, "answered": False}
     return {"port": port, "free": True, "answered": False}
-
-
-def _libc() -> str:
-    with contextlib.suppress(ValueError, OSError):
-        return os.confstr("CS_GNU_LIBC_VERSION") or ""
-    return ""
 
 
 def _user() -> str:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from .config.models import Cluster, JoinWindow
+if TYPE_CHECKING:  # annotations only: the window core stays free of pydantic
+    from .config.models import Cluster, JoinWindow
 
 
 @dataclass(frozen=True)

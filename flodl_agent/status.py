@@ -1,31 +1,27 @@
 """The operator's side of the status surface: `fdl status` and `fdl start`.
 
 A small HTTP client (the standard library's; the server side parses with h11)
-and the rendering of ``/state.json``.
+and the rendering of ``/state.json``. Which address and pin to use is
+``options.resolve_addr`` / ``resolve_pin``; the token is ``credentials``'.
 """
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import os
-import re
 import ssl
-import sys
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from rich.table import Table
 from rich.text import Text
 
-from .net import join_address, local_address, split_address
-from .tls import PinMismatch, check_pin, client_context
+from .address import split_address
+from .pin import PinMismatch, check_pin
+from .tls import client_context
 
-DEFAULT_ADDR = "127.0.0.1:1337"
 PHASE_STYLE = {
     "waiting": "yellow",
     "staging": "bold yellow",
@@ -44,42 +40,6 @@ class Unreachable(Exception):
 class Reply:
     status: int
     body: dict[str, Any]
-
-
-def resolve_pin(pin: str | None, cwd: Path) -> str | None:
-    """--tls-fingerprint, then FDL_TLS_FINGERPRINT, then the certificate ./fdl.cluster.yml serves."""
-    from .tls import cert_fingerprint, normalize
-
-    text = pin or os.environ.get("FDL_TLS_FINGERPRINT", "")
-    if text:
-        return normalize(text)
-    cluster_file = cwd / "fdl.cluster.yml"
-    if cluster_file.is_file():
-        from .config import ConfigError, load_config
-
-        with contextlib.suppress(ConfigError, OSError, ValueError):
-            cluster = load_config(cluster_file).config.cluster
-            if cluster is not None and cluster.controller.tls is not None:
-                return cert_fingerprint(Path(cluster.controller.tls.cert))
-    return None
-
-
-def resolve_addr(addr: str | None, cwd: Path) -> tuple[str, str | None]:
-    """--addr, then the active cluster file, then the default (with a note saying so)."""
-    if addr:
-        return addr, None
-    cluster_file = cwd / "fdl.cluster.yml"
-    if cluster_file.is_file():
-        from .config import ConfigError, load_config
-
-        try:
-            cluster = load_config(cluster_file).config.cluster
-        except ConfigError:
-            cluster = None
-        if cluster is not None:
-            host = local_address(cluster.controller.host)
-            return join_address(host, cluster.controller.port), f"controller from {cluster_file}"
-    return DEFAULT_ADDR, f"no --addr and no ./fdl.cluster.yml: trying {DEFAULT_ADDR}"
 
 
 def request(
@@ -124,22 +84,6 @@ def request(
             f"{addr} answered, but not with flodl's state (is this the controller port?)"
         ) from None
     return Reply(response.status, data if isinstance(data, dict) else {})
-
-
-def read_token(option: str | None) -> str | None:
-    """Credentials come from the environment or stdin, never argv."""
-    if option == "-":
-        token, source = sys.stdin.readline().strip(), "stdin"
-    elif option is not None:
-        raise ValueError(
-            "--token takes `-` (read the token from stdin); a token in argv is visible to every "
-            "user of this box. Or set FDL_TOKEN."
-        )
-    else:
-        token, source = os.environ.get("FDL_TOKEN", "").strip(), "FDL_TOKEN"
-    if token and not re.fullmatch(r"[0-9a-fA-F]{32}", token):
-        raise ValueError(f"the token from {source} is not 32 hex characters: pass the run's join.token")
-    return token or None
 
 
 def _clock(seconds: Any) -> str:

@@ -11,41 +11,26 @@ outside the private ranges.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
-import re
 import ssl
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from .errors import Failure
+# The pin itself is pure and lives in .pin; re-exported for the importers that name it here.
+from .pin import FINGERPRINT, PinMismatch, check_pin, cleartext_warning, fingerprint, normalize
 
-FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-class PinMismatch(Failure):
-    def __init__(self, where: str, expected: str, got: str) -> None:
-        super().__init__(
-            f"{where} presented TLS certificate {got}, not the pinned {expected}",
-            "a certificate that does not match its pin is a different server, or a regenerated one: "
-            "re-distribute the controller's fingerprint (fdl tls fingerprint CERT); never drop the pin",
-        )
-
-
-def fingerprint(der: bytes) -> str:
-    return "sha256:" + hashlib.sha256(der).hexdigest()
-
-
-def normalize(text: str) -> str:
-    """``sha256:ab..``, ``AB:CD:..`` (openssl, community.crypto) or bare hex, as ``sha256:<hex>``."""
-    hexes = text.strip().lower().removeprefix("sha256:").replace(":", "")
-    value = f"sha256:{hexes}"
-    if not FINGERPRINT.match(value):
-        raise ValueError(
-            f"`{text}` is not a SHA-256 fingerprint (sha256:<64 hex>, or AB:CD:… as openssl prints)"
-        )
-    return value
+__all__ = [
+    "FINGERPRINT",
+    "PinMismatch",
+    "cert_fingerprint",
+    "check_pin",
+    "cleartext_warning",
+    "client_context",
+    "fingerprint",
+    "generate",
+    "normalize",
+    "server_context",
+]
 
 
 def cert_fingerprint(cert: Path) -> str:
@@ -66,23 +51,6 @@ def client_context() -> ssl.SSLContext:
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     return ctx
-
-
-def check_pin(der: bytes | None, expected: str, where: str) -> None:
-    got = fingerprint(der) if der else "(none)"
-    if not hmac.compare_digest(got, expected):
-        raise PinMismatch(where, expected, got)
-
-
-def cleartext_warning(peer: str) -> bool:
-    """Should a cleartext connection from ``peer`` be called out? (outside private ranges)"""
-    try:
-        address = ipaddress.ip_address(peer.split("%")[0])
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    address = mapped or address
-    return not (address.is_private or address.is_loopback or address.is_link_local)
 
 
 def generate(cert: Path, key: Path, names: list[str], days: int = 3650) -> str:

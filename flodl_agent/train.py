@@ -211,7 +211,7 @@ class Trainer:
             is_master=False,
             timeout=timedelta(seconds=FORMATION_TIMEOUT),
         )
-        prefix = f"flodl/{os.environ.get('FLODL_RUN', '')}/model_sig"
+        prefix = f"flodl/{os.environ.get('FLODL_LAUNCH', '')}/model_sig"
         store.set(f"{prefix}/{self.rank}", model_signature(self.model))
         check_formation({r: store.get(f"{prefix}/{r}").decode() for r in range(self.world)})
 

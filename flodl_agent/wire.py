@@ -55,6 +55,7 @@ KEY_BYTES = 16
 OPEN_KEY = bytes(KEY_BYTES)  # open admission: reachability is the credential
 CONTROL_MAX = 256 * 1024  # join/control frames are small; anything bigger is hostile
 PRE_ADMISSION_MAX = 64 * 1024  # a challenge or a hello; an unauthenticated peer gets no more
+LINK_MAX = 1 << 30  # an admitted link: one frame of parameters, a 256M-parameter model in float32
 META = struct.Struct(">I")
 BIG = 1 << 20  # payloads above this are received into one buffer of their final size
 

@@ -1,10 +1,60 @@
+"""Fixtures shared by every suite, and the CI rule: under CI=true a skip is a failure."""
+
 from __future__ import annotations
 
+import os
 import textwrap
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.sshd import sshd  # noqa: F401  (a private OpenSSH server on loopback)
+from tests.support import sshd as sshd_kit
+
+CI_HINT = "CI=true: install it from the project (scripts/system-deps or pyproject extras)"
+
+
+def _on_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _skip_reason(report: pytest.BaseReport) -> str:
+    longrepr = report.longrepr
+    # A skip's longrepr is (path, line, "Skipped: reason").
+    return str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+
+
+def _fail_the_skip(report: pytest.BaseReport) -> None:
+    report.outcome = "failed"
+    report.longrepr = f"{_skip_reason(report)}\n{CI_HINT}"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A missing tool or install step must not turn CI green by skipping: only `gpu` tests may skip
+    there (no CI box is promised a GPU). xfail reports as a skip too; it is left alone."""
+    report = yield
+    if (
+        report.skipped
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("gpu") is None
+        and _on_ci()
+    ):
+        _fail_the_skip(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """The same rule for a whole module skipped at import (importorskip, allow_module_level)."""
+    report = yield
+    if report.skipped and collector.get_closest_marker("gpu") is None and _on_ci():
+        _fail_the_skip(report)
+    return report
 
 
 @pytest.fixture
@@ -23,3 +73,12 @@ def two_workers() -> str:
               nccl_socket_ifname: eth0
         """
     )
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[sshd_kit.Sshd]:
+    """A private OpenSSH server on loopback, its host key pinned on the client side."""
+    if why := sshd_kit.missing():
+        pytest.skip(why)
+    with sshd_kit.serve(tmp_path / "sshd") as server:
+        yield server

@@ -10,15 +10,14 @@ import shutil
 import sys
 import threading
 from collections.abc import Coroutine, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flodl_agent import agent as agent_module
 from flodl_agent.controller import Controller
-from tests.integration.test_control_plane import agent, settings, walk_in
-from tests.integration.test_operator_surface import REPORTING
+from tests.support.control_plane import REPORTING, agent, settings, walk_in
 
 webdriver = pytest.importorskip("selenium.webdriver")
 pytestmark = pytest.mark.skipif(
@@ -61,12 +60,12 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: asyncio.AbstractEventLoop, browser: Any
+    tmp_path: Path, loop: asyncio.AbstractEventLoop, browser: Any
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    monkeypatch.setattr(agent_module, "HEARTBEAT_EVERY", 0.2)  # the beat's period, shortened for the test
+    beat = 0.2  # the agents' heartbeat period, shortened for the test
     go = tmp_path / "go"
     ctl = Controller(
         settings(
@@ -84,10 +83,13 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         return str(browser.find_element(By.ID, element_id).text)
 
     def rows(table: str) -> list[list[str]]:
-        return [
-            [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
-            for row in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
-        ]
+        # One script reads the whole table: the page re-renders it on each poll, so cells read
+        # one by one over WebDriver can go stale in between (StaleElementReferenceException).
+        script = (
+            "return [...document.querySelectorAll(arguments[0])].map(r => [...r.cells].map(c => c.innerText))"
+        )
+        table_rows = browser.execute_script(script, f"#{table} tbody tr")
+        return [[str(cell).strip() for cell in row] for row in table_rows]
 
     try:
         browser.get(f"http://127.0.0.1:{ctl.port}/")
@@ -96,7 +98,10 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         assert not browser.find_element(By.ID, "start").is_displayed()  # nothing to start yet
         assert "window closes in" in text("countdown")
 
-        boxes = [asyncio.run_coroutine_threadsafe(walk_in(agent(ctl, n)), loop) for n in ("box-a", "box-b")]
+        boxes = [
+            asyncio.run_coroutine_threadsafe(walk_in(replace(agent(ctl, n), heartbeat_every=beat)), loop)
+            for n in ("box-a", "box-b")
+        ]
         wait.until(lambda _: text("phase") == "staging")
         roster = rows("roster")
         assert sorted(r[0] for r in roster) == ["box-a", "box-b"]

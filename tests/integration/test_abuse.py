@@ -27,14 +27,15 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from flodl_agent import controller as controller_module
 from flodl_agent import wire
 from flodl_agent.agent import AgentOptions, join_once
 from flodl_agent.config import DeviceOffer
-from flodl_agent.controller import MAX_PER_PEER, Controller
+from flodl_agent.controller import Controller
+from flodl_agent.http_surface import HttpLimits
+from flodl_agent.join_protocol import Challenged, JoinClient
+from flodl_agent.listener import Timeouts
 from tests.support import free_port
-
-from .test_control_plane import agent, run, settings, until
+from tests.support.control_plane import agent, run, settings, until
 
 TOKEN = "00112233445566778899aabbccddeeff"
 FDL = Path(sys.executable).with_name("fdl")
@@ -191,7 +192,7 @@ def test_a_flood_during_the_window_does_not_keep_walk_ins_out_or_grow_the_contro
         dropped = seen["dropped"]
         assert isinstance(dropped, dict)
         # 400 silent connections from one address: past the per-peer cap the rest are turned away.
-        assert dropped.get("busy_peer", 0) >= 400 - MAX_PER_PEER - 20, dropped
+        assert dropped.get("busy_peer", 0) >= 400 - Timeouts().per_peer - 20, dropped
         assert seen["admitted"] == 2
         # Bounded: hundreds of connections and handshakes cost the controller a few MB, not a leak.
         assert peak - baseline < 64 * 1024, f"the controller grew {(peak - baseline) // 1024} MiB"
@@ -216,11 +217,10 @@ def _answers(port: int) -> bool:
 
 
 @needs_remote
-def test_a_slow_loris_does_not_block_state_json_and_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller_module, "HTTP_TIMEOUT", 2.0)  # the whole request's deadline
-
+def test_a_slow_loris_does_not_block_state_json_and_is_cut_off() -> None:
     async def scenario() -> None:
-        ctl = Controller(settings(bind="0.0.0.0"))
+        # The whole request's deadline, shortened for the test.
+        ctl = Controller(settings(bind="0.0.0.0"), timeouts=Timeouts(http=HttpLimits(timeout=2.0)))
         await ctl.start()
         lorises = []
         for _ in range(40):
@@ -341,15 +341,16 @@ def test_authenticated_hellos_of_any_shape_get_an_answer_never_a_crash(
     """A peer that holds the key and sends nonsense: refused by name, or admitted when it happens to
     be a valid hello (and gone again when it hangs up), never a handler crash."""
     ctl, _, errors = live
-    codec = wire.Codec(wire.OPEN_KEY)
+    client = JoinClient(None)
 
     def hello(challenge_bytes: bytes) -> bytes:
-        codec.feed(challenge_bytes)
-        challenge = codec.next_frame()
-        assert challenge is not None and challenge.kind is wire.Kind.CHALLENGE
+        client.receive_data(challenge_bytes)
+        assert isinstance(client.next_event(), Challenged)
         if echo:  # answer this connection's challenge, so the hello reaches validation and admission
-            body["nonce"] = challenge.body["nonce"]
-        return codec.encode(wire.Kind.HELLO, body)
+            body.pop("nonce", None)  # the client fills in the challenge's
+        else:
+            body.setdefault("nonce", None)
+        return client.hello(body, check=False)
 
     _exchange(ctl.port, b"", hello)
     assert errors == []

@@ -7,90 +7,25 @@ real agents in one event loop; ranks are real subprocesses.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from flodl_agent import wire
-from flodl_agent.agent import PERMANENT, TRANSIENT, AgentFailure, AgentOptions, join, join_once
-from flodl_agent.config import DeviceOffer
+from flodl_agent.agent import PERMANENT, TRANSIENT, AgentFailure, join
 from flodl_agent.controller import Controller, Settings
 from flodl_agent.messages import Challenge, Hello
 from flodl_agent.messages import parse as parse_message
 from flodl_agent.window import WindowConfig
+from tests.support.control_plane import OK, agent, api, run, settings, until, walk_in
 
-OK = [sys.executable, "-c", "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"]
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 TOKEN = "0123456789abcdef0123456789abcdef"
-
-
-def settings(command: list[str] = OK, **knobs: Any) -> Settings:
-    window: dict[str, Any] = {
-        "quorum": 2,
-        "target": 2,
-        "join_timeout": 30.0,
-        "max_join_timeout": 60.0,
-        "start": "auto",
-    }
-    window.update({k: v for k, v in knobs.items() if k in window or k == "discovery"})
-    rest = {k: v for k, v in knobs.items() if k not in window and k != "discovery"}
-    return Settings(window=WindowConfig(**window), command=command, port=0, **rest)
-
-
-def agent(ctl: Controller, host: str, cpus: int = 1, key: bytes | None = None) -> AgentOptions:
-    return AgentOptions(
-        controller_host="127.0.0.1",
-        controller_port=ctl.port,
-        host=host,
-        devices=DeviceOffer("cpu", cpus=cpus),
-        key=key,
-    )
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait for a condition the event loop will make true (checked each loop turn)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
-
-
-def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(test(), 60))
-
-
-async def walk_in(opts: AgentOptions, log: list[str] | None = None) -> int | AgentFailure:
-    try:
-        return await join_once(opts, (log if log is not None else []).append)
-    except AgentFailure as exc:
-        return exc
-
-
-async def walk_ins(ctl: Controller, *boxes: tuple[str, int], log: list[str] | None = None) -> list[object]:
-    """Walk ``(host, cpus)`` boxes in at once; their join results, in order."""
-    return list(await asyncio.gather(*(walk_in(agent(ctl, host, cpus), log) for host, cpus in boxes)))
-
-
-def get_json(ctl: Controller, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any]]:
-    conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=5)
-    headers = {"content-type": "application/x-www-form-urlencoded"} if body else {}
-    conn.request(method, path, body=body, headers=headers)
-    response = conn.getresponse()
-    data = json.loads(response.read())
-    conn.close()
-    return response.status, data
-
-
-async def api(ctl: Controller, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any]]:
-    return await asyncio.to_thread(get_json, ctl, method, path, body)
 
 
 # --- windows -------------------------------------------------------------------
@@ -189,12 +124,12 @@ def test_start_refusals_by_name() -> None:
         status, auto = await api(ctl, "POST", "/start")
         assert status == 409 and auto["error"].startswith("auto mode")
         # off the controller host a token is required
-        assert ctl._start("10.1.2.3", b"")[0] == 403
+        assert ctl.request_start("10.1.2.3", b"")[0] == 403
         await ctl.close()
         tokened = Controller(settings(start="manual", quorum=1, target=None, token=TOKEN))
         await tokened.start()
-        assert tokened._start("10.1.2.3", b"token=bad")[0] == 403
-        code, body = tokened._start("10.1.2.3", f"token={TOKEN}".encode())
+        assert tokened.request_start("10.1.2.3", b"token=bad")[0] == 403
+        code, body = tokened.request_start("10.1.2.3", f"token={TOKEN}".encode())
         assert code == 409 and "quorum not met" in body["error"]
         await tokened.close()
 
@@ -456,7 +391,7 @@ def test_refusals_are_counted_by_code_and_hostile_hellos_are_dropped() -> None:
         # a host name carrying terminal escapes never reaches the roster or a log
         await _raw_hello(ctl.port, key, "evil\x1b[2J")
         await until(lambda: ctl.dropped["payload"] == 1)
-        assert "evil" not in json.dumps(ctl.state())
+        assert "evil" not in json.dumps(ctl.view.state())
         await ctl.close()
         assert isinstance(await holder, AgentFailure)
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from flodl_agent.controller import Controller
-
-from .test_control_plane import agent, run, settings, walk_in, walk_ins
+from tests.support.control_plane import agent, run, settings, walk_in, walk_ins
 
 pytest.importorskip("torch")
 
@@ -54,7 +53,7 @@ def test_weighted_averaging_across_hosts_through_the_controller(tmp_path: Path, 
         await ctl.finished.wait()
         assert ctl.exit_code == 0
         assert ctl.hub is not None and ctl.hub.rounds_done == 2
-        assert ctl.state()["averaging"]["rounds"] == 2
+        assert ctl.view.state()["averaging"]["rounds"] == 2
         bytes_in.append(ctl.hub.bytes_in)
         await ctl.close()
 

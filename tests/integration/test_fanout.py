@@ -15,39 +15,17 @@ import pytest
 
 from flodl_agent.config import ClusterBuilder
 from flodl_agent.fanout import orphan_tag, plan, remote_command
-from tests.sshd import Sshd
 from tests.support import free_port
+from tests.support.sshd import Sshd, loopback_cluster
 
 ROOT = Path(__file__).parents[2]
-
-
-def _cluster_file(tmp_path: Path, server: Sshd, port: int, **join: object) -> Path:
-    builder = ClusterBuilder().controller("127.0.0.1", port=port, path=str(ROOT)).join(**join)
-    for name in ("fan-a", "fan-b"):
-        builder.worker(
-            name,
-            ssh={
-                "target": "127.0.0.1",
-                "port": server.port,
-                "user": "root",
-                "identity_file": str(server.client_key),
-                "options": server.options,
-            },
-            local_devices="cpu:1",
-            nccl_socket_ifname="lo",
-        )
-    import yaml
-
-    path = tmp_path / "fdl.cluster.yml"
-    path.write_text(yaml.safe_dump(builder.to_data()))
-    return path
 
 
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
 def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path) -> None:
     out = tmp_path / "ranks"
     out.mkdir()
-    config = _cluster_file(tmp_path, sshd, free_port())
+    config = loopback_cluster(tmp_path, sshd, free_port())
     rank = [
         sys.executable,
         "-c",
@@ -126,7 +104,7 @@ def test_bind_all_controller_cannot_be_dialled() -> None:
 
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
 def test_a_worker_that_cannot_be_reached_fails_the_launch_at_once(sshd: Sshd, tmp_path: Path) -> None:
-    config = _cluster_file(tmp_path, sshd, free_port(), join_timeout=300, max_join_timeout=600)
+    config = loopback_cluster(tmp_path, sshd, free_port(), join_timeout=300, max_join_timeout=600)
     sshd.authorized_keys.write_text("")  # nobody may log in any more
     proc = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "fdl"), "launch", "--config", str(config), "--", "true"],
@@ -157,41 +135,3 @@ def test_tunnel_only_binds_loopback_and_tunnels_every_worker() -> None:
     assert any("tunnel_only: binding 127.0.0.1 instead of 10.0.0.1" in line for line in logs)
     p = plan(cluster.workers[0], cluster, 1337, bytes(16), ctl.settings.bind)
     assert p.argv[p.argv.index("-R") + 1] == "127.0.0.1:1337:127.0.0.1:1337"
-
-
-@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
-def test_a_cluster_probe_reaches_every_worker_and_finds_what_only_the_set_shows(
-    sshd: Sshd, tmp_path: Path
-) -> None:
-    import json
-
-    import yaml
-
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "shard-0").write_bytes(b"x")
-    config = yaml.safe_load(_cluster_file(tmp_path, sshd, free_port()).read_text())
-    a, b = config["cluster"]["workers"]
-    a["data_path"], b["data_path"] = str(data), str(tmp_path / "not-mounted")
-    lost = dict(b, host="fan-lost", ssh=dict(b["ssh"], port=free_port()))  # nothing listens there
-    config["cluster"]["workers"].append(lost)
-    (tmp_path / "fdl.lab.yml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "fdl"), "@", "lab", "probe", "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 1, proc.stderr
-    report = json.loads(proc.stdout)
-    assert not report["ok"]
-    assert sorted(report["hosts"]) == ["(controller)", "fan-a", "fan-b", "fan-lost"]
-    # Each reachable worker probed itself as its cluster entry describes it.
-    assert report["hosts"]["fan-a"]["facts"]["data"]["entries"] == 1
-    assert report["hosts"]["fan-b"]["facts"]["data"]["exists"] is False
-    assert "error" in report["hosts"]["fan-lost"]
-    across = {f["check"]: f for f in report["cluster"]}
-    assert across["reach"]["message"].startswith("fan-lost: not probed")
-    assert across["data"]["level"] == "fail" and "1 entries on fan-a" in across["data"]["message"]

@@ -12,8 +12,7 @@ import pytest
 
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
-
-from .test_control_plane import agent, run, settings, walk_in
+from tests.support.control_plane import agent, run, settings, walk_in
 
 torch = pytest.importorskip("torch")
 pytestmark = [

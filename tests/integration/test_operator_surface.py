@@ -6,28 +6,14 @@ from __future__ import annotations
 import asyncio
 import http.client
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flodl_agent import agent as agent_module
 from flodl_agent.agent import AgentFailure
 from flodl_agent.controller import Controller
-
-from .test_control_plane import agent, get_json, run, settings, until, walk_in
-
-# A rank that reports progress until the test lets it finish (the sleep stands in for a step).
-REPORTING = """
-import os, time
-from pathlib import Path
-from flodl_agent.metrics import report
-step = 0
-while not Path(os.environ["GO"]).exists():
-    step += 1
-    report(step, loss=1.0 / step)
-    time.sleep(0.05)
-"""
+from tests.support.control_plane import REPORTING, agent, get_json, run, settings, until, walk_in
 
 
 def get(ctl: Controller, path: str) -> tuple[int, str, bytes]:
@@ -46,16 +32,17 @@ def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     }
 
 
-def test_ranks_progress_reaches_state_json_and_metrics(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(agent_module, "HEARTBEAT_EVERY", 0.2)  # the beat's period, shortened for the test
+def test_ranks_progress_reaches_state_json_and_metrics(tmp_path: Path) -> None:
+    beat = 0.2  # the agents' heartbeat period, shortened for the test
     go = tmp_path / "go"
 
     async def scenario() -> None:
         ctl = Controller(settings([sys.executable, "-c", REPORTING], env={"GO": str(go)}))
         await ctl.start()
-        boxes = [asyncio.ensure_future(walk_in(agent(ctl, name))) for name in ("box-a", "box-b")]
+        boxes = [
+            asyncio.ensure_future(walk_in(replace(agent(ctl, name), heartbeat_every=beat)))
+            for name in ("box-a", "box-b")
+        ]
         await until(lambda: ctl.window.phase == "training", timeout=30)
         twin = await walk_in(agent(ctl, "box-a"))  # the window is closed: refused, counted
         assert isinstance(twin, AgentFailure)

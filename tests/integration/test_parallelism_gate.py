@@ -8,8 +8,7 @@ import pytest
 from flodl_agent.controller import Controller
 from flodl_agent.placement import PlacementError
 from flodl_agent.placement.parallel import check_world, parse_parallelism
-
-from .test_control_plane import run, settings, walk_ins
+from tests.support.control_plane import run, settings, walk_ins
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,8 @@ from flodl_agent.controller import Controller
 from flodl_agent.prepare import PERMANENT, TRANSIENT, PrepareFailure, missing_package, prepare
 from flodl_agent.publish import MANIFEST, PublishRequest, publish, read_manifest
 from flodl_agent.sources import parse_source
-from tests.sshd import Sshd
-
-from .test_control_plane import agent, run, settings, until, walk_in
+from tests.support.control_plane import agent, run, settings, until, walk_in
+from tests.support.sshd import Sshd
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
 

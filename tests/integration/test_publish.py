@@ -24,7 +24,7 @@ from flodl_agent.publish import (
     verify,
 )
 from flodl_agent.sources import parse_source
-from tests.sshd import Sshd
+from tests.support.sshd import Sshd
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
 

@@ -5,14 +5,18 @@ through its control link."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
 import pytest
 
+from flodl_agent import wire
 from flodl_agent.controller import Controller
-
-from .test_control_plane import run, settings, walk_ins
+from flodl_agent.join_protocol import Accepted, Challenged, JoinClient
+from flodl_agent.messages import Stream
+from flodl_agent.streams import next_event, write_parts
+from tests.support.control_plane import run, settings, until, walk_ins
 
 torch = pytest.importorskip("torch")
 
@@ -54,14 +58,20 @@ def test_an_unmodified_gloo_script_forms_one_world_across_walk_ins(tmp_path: Pat
 
 
 def test_a_stream_frame_before_the_world_formed_is_dropped_not_routed() -> None:
-    from flodl_agent import wire
-    from flodl_agent.messages import Stream
-
     async def scenario() -> None:
         ctl = Controller(settings(quorum=2, target=2))
         await ctl.start()
-        ctl._route("nobody", wire.Frame(wire.Kind.STREAM, Stream(id=1, data=b"x").model_dump()))
-        assert ctl.dropped["stream"] == 1
+        # One host admitted, the world not formed: its rendezvous bytes have nowhere to go.
+        client = JoinClient(None)
+        reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
+        writer.write(client.start())
+        assert isinstance(await next_event(reader, client, 10), Challenged)
+        writer.write(client.hello({"host": "box-a", "devices": ["cpu:0"]}))
+        assert isinstance(await next_event(reader, client, 10), Accepted)
+        write_parts(writer, client.send(wire.Kind.STREAM, Stream(id=1, data=b"x").model_dump()))
+        await until(lambda: ctl.dropped.get("stream", 0) == 1)
+        assert "box-a" in ctl.links  # a dropped stream costs the host nothing
+        writer.close()
         await ctl.close()
 
     run(scenario)

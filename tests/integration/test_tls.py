@@ -18,8 +18,7 @@ from flodl_agent.agent import PERMANENT, AgentFailure
 from flodl_agent.controller import Controller
 from flodl_agent.status import Unreachable, request
 from flodl_agent.tls import cert_fingerprint, cleartext_warning, generate, normalize
-
-from .test_control_plane import agent, run, settings, walk_in
+from tests.support.control_plane import agent, run, settings, walk_in
 
 FDL = Path(sys.executable).with_name("fdl")
 
@@ -143,8 +142,8 @@ def test_the_controller_says_it_once_per_peer() -> None:
     lines: list[str] = []
     ctl = Controller(settings(), log=lines.append)
     for _ in range(3):
-        ctl._cleartext("8.8.8.8")
-    ctl._cleartext("10.0.0.1")
+        ctl.listener.cleartext("8.8.8.8")
+    ctl.listener.cleartext("10.0.0.1")
     assert len(lines) == 1 and "8.8.8.8 reaches the controller port in cleartext" in lines[0]
     assert "cluster.controller.tls" in lines[0]
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from flodl_agent.controller import Controller
-
-from .test_control_plane import agent, run, settings, until, walk_in, walk_ins
+from tests.support.control_plane import agent, run, settings, until, walk_in, walk_ins
 
 pytest.importorskip("torch")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from flodl_agent.agent import AgentFailure, AgentOptions
 from flodl_agent.config import DeviceOffer, Ssh
 from flodl_agent.controller import Controller
-from tests.integration.test_control_plane import run, settings, walk_in
-from tests.sshd import Sshd
+from tests.support.control_plane import run, settings, walk_in
+from tests.support.sshd import Sshd
 
 
 def _through(server: Sshd, ctl: Controller, host: str) -> AgentOptions:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .test_fleet import CONTROLLER, NAME, ROOT, WORKERS, booted, journals, on, play
+from tests.support.lab import CONTROLLER, NAME, ROOT, WORKERS, booted, journals, on, play
 
 pytestmark = pytest.mark.lab
 

@@ -11,56 +11,21 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.support.lab import CONTROLLER, ROOT, WORKERS, booted, in_lab, journals, on, play
+
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).parents[2]
-NAME = "flodl-labtest"
-CONTROLLER, WORKERS = f"{NAME}-controller", [f"{NAME}-worker-1", f"{NAME}-worker-2"]
 ARTIFACTS = ROOT / "build" / "test-artifacts" / "deploy"
-
-
-def play(env: dict[str, str], playbook: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return in_lab(env, "ansible-playbook", playbook, *extra)
-
-
-def in_lab(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    """A command from the repo root against the lab's inventory."""
-    return subprocess.run(
-        list(argv),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-
-
-def booted(host: str, timeout: float = 120.0) -> str:
-    """The host's systemd state once boot is over. Right after a restart its bus may not
-    exist yet ("Failed to connect to bus"): ask again until it answers."""
-    deadline = time.monotonic() + timeout
-    while True:
-        state = on(host, "systemctl", "is-system-running", "--wait")
-        if state.stdout.strip() or time.monotonic() > deadline:
-            return state.stdout.strip()
-        time.sleep(0.5)  # polling for a bus that has no event to wait on from outside
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:
     rows = re.findall(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", output, re.M)
     return {host: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counts)} for host, counts in rows}
-
-
-def on(host: str, *argv: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
-    command = ["podman", "exec", *(["--user", user] if user else []), host, *argv]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_site_converges_then_changes_nothing(lab: dict[str, str]) -> None:
@@ -194,17 +159,6 @@ def test_probe_yml_finds_every_box_ready_then_names_a_dead_data_mount(lab: dict[
         assert f"{WORKERS[1]} is not ready: the data mount at /flodl/data is not connected" in broken.stdout
     finally:
         assert on(WORKERS[1], "systemctl", "restart", "flodl-join.service").returncode == 0
-
-
-def journals(since: str = "-10min") -> str:
-    """What the workers' join units said lately: the agents' side of a failed run."""
-    return "\n".join(
-        f"--- {w}\n"
-        + on(w, "journalctl", "-u", "flodl-join.service", "--since", since, "--no-pager", "-o", "cat").stdout[
-            -3000:
-        ]
-        for w in WORKERS
-    )
 
 
 def test_a_run_walks_both_workers_in_through_the_door(lab: dict[str, str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flodl_agent.admission import Cohort, DialGuard, check
+from flodl_agent.admission import Cohort, DialGuard, Gate, check
 from flodl_agent.messages import Hello, Plane
 
 NONCE = b"n" * 16
@@ -86,3 +86,25 @@ def test_dial_guard_memory_is_bounded() -> None:
     for i in range(1000):
         guard.penalize(f"10.0.{i // 256}.{i % 256}", float(i))
     assert len(guard._budget) == 100 and "10.0.3.231" in guard._budget  # the most recent stay
+
+
+def test_the_gate_caps_unadmitted_connections_per_peer_and_exempts_loopback() -> None:
+    gate = Gate(per_peer=2)
+    assert gate.open("10.0.0.1", True, 0.0) and gate.open("10.0.0.1", True, 0.0)
+    assert not gate.open("10.0.0.1", True, 0.0)  # a third handshake from the same address
+    assert gate.open("10.0.0.2", True, 0.0)  # another address is unaffected
+    assert all(gate.open("127.0.0.1", False, 0.0) for _ in range(10))  # loopback: never counted
+    assert gate.dropped == {"busy_peer": 1}
+    gate.settle("10.0.0.1")
+    assert gate.unsettled("10.0.0.1") == 1 and gate.open("10.0.0.1", True, 0.0)
+
+
+def test_the_gate_turns_away_a_peer_out_of_dial_budget_until_it_refills() -> None:
+    gate = Gate(guard=DialGuard(burst=2, rate=1.0))
+    for _ in range(2):
+        gate.bad("10.0.0.1", "tag", True, 0.0)
+    assert not gate.open("10.0.0.1", True, 0.0)
+    assert gate.dropped == {"tag": 2, "rate_limited": 1}
+    assert gate.open("10.0.0.1", True, 1.0)  # a second later, one dial's worth is back
+    gate.bad("127.0.0.1", "magic", False, 1.0)  # loopback is counted, never charged
+    assert gate.open("127.0.0.1", False, 1.0) and gate.dropped["magic"] == 1

@@ -1,4 +1,4 @@
-"""The agent's pure parts: backoff, specs, offers, rank environments."""
+"""The agent's parts: specs, the offer as this box reads it, rank environments through an Attempt."""
 
 from __future__ import annotations
 
@@ -6,27 +6,13 @@ import json
 
 import pytest
 
-from flodl_agent.agent import (
-    AgentFailure,
-    AgentOptions,
-    Attempt,
-    Offer,
-    next_backoff,
-    parse_agent_spec,
-    resolve_offer,
-)
+from flodl_agent.agent import AgentFailure, AgentOptions, Attempt
+from flodl_agent.agent_spec import decode
+from flodl_agent.box import box_offer
 from flodl_agent.config import DeviceOffer
 from flodl_agent.messages import HostEnvelope, WorldFormed
 from flodl_agent.net import split_address
-
-
-def test_backoff_doubles_from_5s_to_60s_and_resets_after_a_long_attempt() -> None:
-    delays, delay = [], None
-    for _ in range(7):
-        delay = next_backoff(delay, attempt_seconds=1.0)
-        delays.append(delay)
-    assert delays == [5, 10, 20, 40, 60, 60, 60]
-    assert next_backoff(60, attempt_seconds=121.0) == 5  # a real run happened: start over
+from flodl_agent.offer import Offer
 
 
 def test_agent_spec_round_trip_and_refusals() -> None:
@@ -43,11 +29,11 @@ def test_agent_spec_round_trip_and_refusals() -> None:
         .encode()
         .hex()
     )
-    spec = parse_agent_spec(raw)
+    spec = decode(raw)
     assert (spec.host, spec.controller_port, spec.devices) == ("box", 7000, "cpu:2")
     for bad in ("zz", "7b7d7b", json.dumps({"controller_port": 0}).encode().hex()):
         with pytest.raises(ValueError, match="agent spec"):
-            parse_agent_spec(bad)
+            decode(bad)
 
 
 @pytest.mark.parametrize(
@@ -64,16 +50,15 @@ def test_split_address(text: str, expected: tuple[str, int]) -> None:
 
 
 def test_cpu_offers_need_no_gpu() -> None:
-    offer = resolve_offer(DeviceOffer("cpu", cpus=3))
+    offer = box_offer(DeviceOffer("cpu", cpus=3))
     assert offer.devices == ["cpu:0", "cpu:1", "cpu:2"] and offer.variant == "cpu"
 
 
-def test_a_box_without_gpus_offering_gpus_is_a_permanent_failure() -> None:
+def test_a_box_without_gpus_offering_gpus_is_a_permanent_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("this box has a GPU")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a box that has one
     with pytest.raises(AgentFailure) as caught:
-        resolve_offer(DeviceOffer("all"))
+        box_offer(DeviceOffer("all"))
     assert caught.value.code == 2 and "no usable GPU" in caught.value.message
     assert "--devices cpu:N" in caught.value.fix
 
@@ -81,7 +66,8 @@ def test_a_box_without_gpus_offering_gpus_is_a_permanent_failure() -> None:
 def test_a_card_the_build_has_no_kernel_for_is_refused_before_the_dial(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No GPU here: torch.cuda answers for a box with an 8.6 card and a 12.0 card."""
+    """No GPU here: torch answers for a box with an 8.6 card and a 12.0 card (the gate's
+    verdicts over facts are tabled in test_offer.py; this is the reading of them)."""
     torch = pytest.importorskip("torch")
     cards = {0: ("NVIDIA A40", (8, 6)), 1: ("NVIDIA RTX PRO 6000", (12, 0))}
     monkeypatch.setattr(torch.version, "cuda", "12.6")
@@ -89,15 +75,15 @@ def test_a_card_the_build_has_no_kernel_for_is_refused_before_the_dial(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: cards[i][0])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: cards[i][1])
-    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_50", "sm_80", "sm_90"])
+    monkeypatch.setattr(torch._C, "_cuda_getArchFlags", lambda: "sm_50 sm_80 sm_90", raising=False)
     with pytest.raises(AgentFailure) as caught:
-        resolve_offer(DeviceOffer("all"))
+        box_offer(DeviceOffer("all"))
     assert caught.value.code == 2
     assert "ships no kernel for part of what this box offers: GPU 1 (NVIDIA RTX PRO 6000, sm_120)" in (
         caught.value.message
     )
     assert "libtorch: auto" in caught.value.fix and "--devices" in caught.value.fix
-    offer = resolve_offer(DeviceOffer("gpus", gpus=(0,)))  # scoped to the covered card
+    offer = box_offer(DeviceOffer("gpus", gpus=(0,)))  # scoped to the covered card
     assert offer.devices == ["cuda:0"] and offer.variant == "cu126"
 
 

@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from flodl_agent import __version__, cli
+from flodl_agent.cli import common
 
 DATA = Path(__file__).parent.parent / "data"
 SEED = DATA / "seed-000.fdl.cluster.yml"
@@ -139,7 +140,7 @@ def test_unexpected_errors_are_reported_not_dumped(
     def explode(*_: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "load_config", explode)
+    monkeypatch.setattr(common, "load_config", explode)
     monkeypatch.setattr(sys, "argv", ["fdl", "config", "check", str(SEED)])
     monkeypatch.delenv("FDL_DEBUG", raising=False)
     with pytest.raises(SystemExit) as exited:
@@ -175,3 +176,20 @@ def test_show_without_a_cluster_block_prints_the_blocks(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         assert '"persist": true' in result.stdout and "<redacted>" in result.stdout
         assert "0123456789abcdef" not in result.output
+
+
+def test_project_file_is_the_flag_else_fdl_yml_when_present(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert common.project_file() is None
+    assert common.project_file(Path("other.yml")) == Path("other.yml")
+    (tmp_path / "fdl.yml").write_text("{}\n")
+    assert common.project_file() == Path("fdl.yml")
+    assert common.project_file(Path("other.yml")) == Path("other.yml")
+
+
+def test_the_default_project_file_is_spelled_once() -> None:
+    package = Path(common.__file__).parent
+    spelled = [p.name for p in package.glob("*.py") for _ in range(p.read_text().count('"fdl.yml"'))]
+    assert spelled == ["common.py"]

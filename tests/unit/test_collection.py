@@ -29,8 +29,8 @@ def test_nvidia_smi_csv() -> None:
     out = "0, NVIDIA A100-SXM4-80GB, 81920, 8.0\n1, NVIDIA GeForce RTX 4090, 24564, 8.9\n"
     gpus = facts.parse_nvidia(out)
     assert [(g["index"], g["arch"], g["memory_mib"]) for g in gpus] == [
-        (0, "sm80", 81920),
-        (1, "sm89", 24564),
+        (0, "sm_80", 81920),
+        (1, "sm_89", 24564),
     ]
     summary = facts.summarize(gpus)
     assert (summary["flodl_gpu_count"], summary["flodl_gpu_vendor"], summary["flodl_gpu_variant"]) == (
@@ -70,6 +70,56 @@ def test_a_cpu_box_reports_nothing_and_no_vendor() -> None:
     }
     mixed = facts.summarize([{"vendor": "nvidia"}, {"vendor": "amd"}])
     assert mixed["flodl_gpu_vendor"] == "mixed" and mixed["flodl_gpu_variant"] == "cpu"
+
+
+# The same tool outputs through the module's parsers and the package's (flodl_agent.gpus):
+# the module keeps its own copy (it runs where the package is not installed).
+NVIDIA_OUTPUTS = [
+    "0, NVIDIA A100-SXM4-80GB, 81920, 8.0\n1, NVIDIA GeForce RTX 4090, 24564, 8.9\n",
+    "0, NVIDIA H200, 143771, 9.0\n1, NVIDIA RTX PRO 6000 Blackwell, 97887, 12.0\n",
+    "0, Tesla K80, Rev 2, [N/A], [N/A]\n",  # a comma in the name; a tool that cannot say
+    "No devices were found\n",
+    "",
+]
+ROCM_OUTPUTS = [
+    json.dumps(
+        {
+            "card1": {"Card Series": "AMD Instinct MI210", "GFX Version": "gfx90a:sramecc+:xnack-"},
+            "card0": {
+                "Card Series": "AMD Instinct MI300X",
+                "GFX Version": "gfx942",
+                "VRAM Total Memory (B)": "206141652992",
+            },
+            "system": {"Driver version": "6.8.5"},
+        }
+    ),
+    json.dumps({"card10": {"Card series": "b"}, "card9": {"Card model": "a", "GFX Version": "gfx1100"}}),
+    "not json",
+    "[]",
+]
+
+
+@pytest.mark.parametrize(
+    ("vendor", "text"), [*(("nvidia", t) for t in NVIDIA_OUTPUTS), *(("amd", t) for t in ROCM_OUTPUTS)]
+)
+def test_the_module_and_the_package_read_gpus_alike(vendor: str, text: str) -> None:
+    from flodl_agent import gpus
+
+    facts = load("modules/gpu_facts.py")
+    ours = gpus.parse_nvidia(text) if vendor == "nvidia" else gpus.parse_rocm(text)
+    theirs = facts.parse_nvidia(text) if vendor == "nvidia" else facts.parse_rocm(text)
+    assert theirs == [
+        {"index": g.index, "vendor": g.vendor, "name": g.name, "memory_mib": g.memory_mib, "arch": g.arch}
+        for g in ours
+    ]
+    assert all(g.arch == "" or g.arch.startswith(("sm_", "gfx")) for g in ours)
+    # and both ask the tools the same questions
+    assert [
+        "nvidia-smi",
+        f"--query-gpu={facts.NVIDIA_QUERY}",
+        f"--format={facts.NVIDIA_FORMAT}",
+    ] == gpus.NVIDIA_SMI
+    assert ["rocm-smi", *facts.ROCM_QUERY] == gpus.ROCM_SMI
 
 
 def test_cluster_workers_filter_reads_vars_then_facts() -> None:

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flodl_agent import wire
-from flodl_agent.messages import BadMessage, Heartbeat, parse
 from flodl_agent.metrics import ENV, RankBoard, exposition, read_reports, report
 
 
@@ -39,16 +37,6 @@ def test_the_board_rates_steps_on_the_ranks_own_clock() -> None:
     }
     board.forget("b")
     assert board.ranks == {}
-
-
-def test_heartbeats_are_bounded_and_typed() -> None:
-    frame = wire.Frame(wire.Kind.HEARTBEAT, {"ranks": {"3": {"step": 4, "loss": 0.25, "at": 1.0}}})
-    beat = parse(frame)
-    assert isinstance(beat, Heartbeat) and beat.ranks[3].step == 4
-    with pytest.raises(BadMessage, match="heartbeat"):
-        parse(wire.Frame(wire.Kind.HEARTBEAT, {"ranks": {"0": {"step": -1}}}))
-    with pytest.raises(BadMessage):
-        parse(wire.Frame(wire.Kind.HEARTBEAT, {"ranks": {str(r): {"step": 0} for r in range(2000)}}))
 
 
 def test_the_exposition_parses_back() -> None:

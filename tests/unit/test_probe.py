@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from flodl_agent.cluster_probe import Report, across
 from flodl_agent.cluster_probe import as_json as cluster_json
 from flodl_agent.config import DeviceOffer
 from flodl_agent.config.models import Cluster, Join
-from flodl_agent.probe import Facts, Finding, Torch, check, covers, gfx_name, kfd_archs
+from flodl_agent.gpus import Torch
+from flodl_agent.probe import Facts, Finding, check
 
 CPU_TORCH = Torch(version="2.13.0+cpu", gloo=True)
 CUDA_TORCH = Torch(version="2.13.0+cu128", cuda="12.8", usable_gpus=2, nccl="2.27.3", gloo=True)
@@ -46,25 +43,6 @@ def test_no_torch_fails_a_worker_but_not_a_controller() -> None:
     assert levels(controller, "torch") == ["ok"]
 
 
-@pytest.mark.parametrize(
-    ("flags", "arch", "covered"),
-    [
-        (["sm_80", "sm_90"], "sm_86", True),  # an 8.0 cubin runs on a later minor
-        (["sm_86"], "sm_80", False),  # never on an earlier one
-        (["sm_80", "sm_90"], "sm_120", False),  # nor across majors
-        (["sm_80", "compute_90"], "sm_120", True),  # PTX is compiled for any later card
-        (["compute_90"], "sm_86", False),
-        (["sm_90a"], "sm_90", True),
-        (["sm_90a"], "sm_91", False),  # an arch-specific cubin runs on its own arch only
-        (["gfx90a", "gfx942"], "gfx942", True),
-        (["gfx90a:xnack-"], "gfx90a", True),
-        (["gfx90a", "gfx942"], "gfx1100", False),
-    ],
-)
-def test_kernel_coverage(flags: list[str], arch: str, covered: bool) -> None:
-    assert covers(flags, arch) is covered
-
-
 def test_a_build_without_kernels_for_an_offered_card_fails_naming_auto_and_devices() -> None:
     torch = Torch(**{**CUDA_TORCH.__dict__, "archs": ["sm_80", "sm_90"]})
     facts = Facts(torch=torch, gpus={"nvidia": ["A100", "RTX 5090"]}, archs={"nvidia": ["sm_80", "sm_120"]})
@@ -74,15 +52,6 @@ def test_a_build_without_kernels_for_an_offered_card_fails_naming_auto_and_devic
     assert "libtorch: auto" in gap.fix and "--devices" in gap.fix
     scoped = check(facts, Join(devices=DeviceOffer("gpus", gpus=(0,))))
     assert [f.level for f in scoped if f.check == "variant"] == ["ok"]  # the offer leaves the card out
-
-
-def test_amd_gpus_are_read_from_the_kfd_topology(tmp_path: Path) -> None:
-    assert [gfx_name(v) for v in (90402, 90010, 110000, 100300)] == ["gfx942", "gfx90a", "gfx1100", "gfx1030"]
-    for node, version in (("0", 0), ("2", 90010), ("1", 90402)):  # node 0: the CPU
-        (tmp_path / node).mkdir()
-        (tmp_path / node / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {version}\n")
-    assert kfd_archs(tmp_path) == ["gfx942", "gfx90a"]  # in node order
-    assert kfd_archs(tmp_path / "absent") == []
 
 
 def test_torch_that_needs_a_newer_glibc_says_so() -> None:

@@ -80,7 +80,7 @@ class InventoryModule(BaseInventoryPlugin):
         name = self.get_option("controller_name")
         self.inventory.add_group("flodl_controllers")
         self.inventory.add_host(name, group="flodl_controllers")
-        from flodl_agent.net import is_bind_all, is_loopback
+        from flodl_agent.address import is_bind_all, is_loopback
 
         if not (is_loopback(ctl.host) or is_bind_all(ctl.host)):  # a bind address, not a way in
             self.inventory.set_variable(name, "ansible_host", ctl.host)

@@ -33,11 +33,13 @@ ansible_facts:
   type: dict
   contains:
     flodl_gpus:
-      description: One entry per GPU, in the vendor tool's index order.
+      description:
+        - One entry per GPU, in the vendor tool's index order.
+        - C(arch) is spelled as torch spells it (C(sm_80), C(gfx90a)); empty when the tool does not say.
       type: list
       elements: dict
       sample:
-        - {"index": 0, "vendor": "nvidia", "name": "NVIDIA A100", "memory_mib": 81920, "arch": "sm80"}
+        - {"index": 0, "vendor": "nvidia", "name": "NVIDIA A100", "memory_mib": 81920, "arch": "sm_80"}
     flodl_gpu_count:
       description: How many GPUs the box has.
       type: int
@@ -56,7 +58,12 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 
 NVIDIA_QUERY = "index,name,memory.total,compute_cap"
-CUDA_VARIANT = "cu128"  # covers sm50..sm120 in current torch builds
+NVIDIA_FORMAT = "csv,noheader,nounits"
+ROCM_QUERY = ["--showproductname", "--showmeminfo", "vram", "--json"]
+CUDA_VARIANT = "cu128"  # covers sm_50..sm_120 in current torch builds
+
+# The parsers are a copy of flodl_agent.gpus' (this module runs where the package is not
+# installed); tests/unit/test_collection.py holds the two to the same answers.
 
 
 def parse_nvidia(text: str) -> list[dict[str, Any]]:
@@ -65,10 +72,12 @@ def parse_nvidia(text: str) -> list[dict[str, Any]]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 4 or not parts[0].isdigit():
             continue
-        memory = int(float(parts[2])) if re.fullmatch(r"[0-9.]+", parts[2]) else None
-        arch = "sm" + parts[3].replace(".", "") if re.fullmatch(r"[0-9]+\.[0-9]+", parts[3]) else ""
+        memory = int(float(parts[-2])) if re.fullmatch(r"[0-9.]+", parts[-2]) else None
+        cap = re.fullmatch(r"(\d+)\.(\d+)", parts[-1])
+        arch = f"sm_{cap.group(1)}{cap.group(2)}" if cap else ""
+        name = ", ".join(parts[1:-2])  # a name may hold a comma; the other columns never do
         gpus.append(
-            {"index": int(parts[0]), "vendor": "nvidia", "name": parts[1], "memory_mib": memory, "arch": arch}
+            {"index": int(parts[0]), "vendor": "nvidia", "name": name, "memory_mib": memory, "arch": arch}
         )
     return gpus
 
@@ -78,13 +87,15 @@ def parse_rocm(text: str) -> list[dict[str, Any]]:
         data = json.loads(text)
     except ValueError:
         return []
+    if not isinstance(data, dict):
+        return []
     gpus = []
-    for card, info in sorted(data.items()):
+    for card, info in data.items():
         match = re.fullmatch(r"card(\d+)", card)
         if not match or not isinstance(info, dict):
             continue
         name = info.get("Card Series") or info.get("Card series") or info.get("Card model") or ""
-        arch = info.get("GFX Version") or ""
+        arch = str(info.get("GFX Version") or "").strip().split(":")[0]  # gfx90a:xnack- is gfx90a
         memory = info.get("VRAM Total Memory (B)")
         gpus.append(
             {
@@ -92,10 +103,10 @@ def parse_rocm(text: str) -> list[dict[str, Any]]:
                 "vendor": "amd",
                 "name": str(name),
                 "memory_mib": int(memory) // (1024 * 1024) if str(memory).isdigit() else None,
-                "arch": str(arch),
+                "arch": arch,
             }
         )
-    return gpus
+    return sorted(gpus, key=lambda g: g["index"])  # card10 after card9
 
 
 def rocm_variant(version_text: str) -> str:
@@ -120,15 +131,13 @@ def main() -> None:
     gpus: list[dict[str, Any]] = []
     nvidia = module.get_bin_path("nvidia-smi")
     if nvidia:
-        rc, out, _ = module.run_command(
-            [nvidia, f"--query-gpu={NVIDIA_QUERY}", "--format=csv,noheader,nounits"]
-        )
+        rc, out, _ = module.run_command([nvidia, f"--query-gpu={NVIDIA_QUERY}", f"--format={NVIDIA_FORMAT}"])
         if rc == 0:
             gpus += parse_nvidia(out)
     rocm = module.get_bin_path("rocm-smi")
     version = ""
     if rocm:
-        rc, out, _ = module.run_command([rocm, "--showproductname", "--showmeminfo", "vram", "--json"])
+        rc, out, _ = module.run_command([rocm, *ROCM_QUERY])
         if rc == 0:
             gpus += parse_rocm(out)
         rc, out, _ = module.run_command([rocm, "--showdriverversion", "--json"])

@@ -11,14 +11,24 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+import yaml
 
+from flodl_agent.config import ClusterBuilder
 from tests.support import free_port
 
 SSHD = Path("/usr/sbin/sshd")
+ROOT = Path(__file__).parents[2]
+
+
+def missing() -> str | None:
+    """Why a real sshd cannot run here (None when it can)."""
+    if not SSHD.exists() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        return "OpenSSH server/client not installed (scripts/system-deps installs them)"
+    return None
 
 
 @dataclass
@@ -56,11 +66,9 @@ def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
 
-@pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
-    if not SSHD.exists() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
-        pytest.skip("OpenSSH server/client not installed (scripts/system-deps installs them)")
-    home = tmp_path / "sshd"
+@contextmanager
+def serve(home: Path) -> Iterator[Sshd]:
+    """An sshd in ``home`` (created here) for the length of the block; the client key authorized."""
     home.mkdir()
     _keygen(home / "host_key")
     _keygen(home / "client_key")
@@ -95,3 +103,25 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def loopback_cluster(tmp_path: Path, server: Sshd, port: int, **join: object) -> Path:
+    """A cluster file whose two workers, fan-a and fan-b, are this box reached through ``server``;
+    they run the repository's own fdl, the controller on ``port``."""
+    builder = ClusterBuilder().controller("127.0.0.1", port=port, path=str(ROOT)).join(**join)
+    for name in ("fan-a", "fan-b"):
+        builder.worker(
+            name,
+            ssh={
+                "target": "127.0.0.1",
+                "port": server.port,
+                "user": "root",
+                "identity_file": str(server.client_key),
+                "options": server.options,
+            },
+            local_devices="cpu:1",
+            nccl_socket_ifname="lo",
+        )
+    path = tmp_path / "fdl.cluster.yml"
+    path.write_text(yaml.safe_dump(builder.to_data()))
+    return path

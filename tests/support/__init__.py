@@ -1,4 +1,8 @@
-"""Helpers shared by the tests."""
+"""Helpers shared by the tests: test modules import from here, never from each other.
+
+This module: cluster files to problems or configs, free ports. By topic beside it:
+control_plane (a controller and walk-ins over loopback), sshd (a private OpenSSH server),
+lab (the podman lab's names and commands). Fixtures live in tests/conftest.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,58 @@
+"""The agent spec: what a launcher tells an agent it starts, encoded and decoded in one place.
+
+It travels as hex-encoded JSON on the fan-out session's stdin (``fdl join
+--spec-stdin``, ``fdl probe --spec-stdin``) or in FLODL_INTERNAL_AGENT_JSON,
+never in argv: the key in it is the run's credential.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .config import Worker
+from .credentials import SPEC_KEY_PATTERN
+
+
+class AgentSpec(BaseModel):
+    """FLODL_INTERNAL_AGENT_JSON, or the fan-out session's stdin (hex-encoded JSON either way)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    host: str | None = None
+    controller_host: str | None = None
+    controller_port: int = Field(1337, ge=1, le=65535)
+    key: str | None = Field(None, pattern=SPEC_KEY_PATTERN)
+    devices: str | None = None
+    data_path: str = ""
+    env: dict[str, str] = Field(default_factory=dict)
+    socket_ifname: str = Field("", max_length=256)
+
+
+def for_worker(worker: Worker, **dial: object) -> AgentSpec:
+    """What a worker entry tells the agent (or the probe) on its box; ``dial`` adds the
+    controller_host, controller_port and key a launch hands its agents."""
+    return AgentSpec.model_validate(
+        {
+            "host": worker.host,
+            "devices": str(worker.local_devices),
+            "data_path": worker.data_path or "",
+            "env": worker.env,
+            "socket_ifname": worker.nccl_socket_ifname or "",
+            **dial,
+        }
+    )
+
+
+def encode(spec: AgentSpec) -> bytes:
+    """One stdin line: hex-encoded JSON (what ``--spec-stdin`` reads). Unset fields stay out."""
+    return spec.model_dump_json(exclude_unset=True).encode().hex().encode() + b"\n"
+
+
+def decode(text: str) -> AgentSpec:
+    """The inverse of ``encode`` (a trailing newline or blanks are fine)."""
+    try:
+        return AgentSpec.model_validate_json(bytes.fromhex(text.strip()))
+    except ValueError as exc:  # bad hex, bad JSON, or a field out of bounds
+        raise ValueError(
+            f"the agent spec is not a hex-encoded JSON spec ({exc.__class__.__name__})"
+        ) from None

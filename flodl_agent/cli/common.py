@@ -1,0 +1,89 @@
+"""What every command of the CLI shares: the consoles, problem and error printing,
+loading a config file, JSON output, and the shared flags."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from ..config import ConfigError, Loaded, Problem, load_config
+from ..credentials import read_token
+from ..options import OptionError
+
+PROJECT_FILE = Path("fdl.yml")
+CLUSTER_FILE = Path("fdl.cluster.yml")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_problems(problems: list[Problem]) -> None:
+    for problem in problems:
+        style = "red" if problem.severity == "error" else "yellow"
+        err.print(problem.render(), style=style, markup=False)
+
+
+def emit_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2))
+
+
+def load(file: Path, base: Path | None, as_json: bool) -> Loaded:
+    """Load and validate a config file; an invalid one ends the command with exit 1."""
+    try:
+        return load_config(file, base)
+    except ConfigError as exc:
+        if as_json:
+            emit_json({"valid": False, "errors": [p.as_dict() for p in exc.problems], "warnings": []})
+        else:
+            print_problems(list(exc.problems))
+        raise SystemExit(1) from None
+
+
+def project_file(explicit: Path | None = None) -> Path | None:
+    """``--config`` when given, else ./fdl.yml when there is one: the project's defaults."""
+    if explicit is not None:
+        return explicit
+    return PROJECT_FILE if PROJECT_FILE.is_file() else None
+
+
+def log(line: str) -> None:
+    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(line)}")
+
+
+def fail(command: str, message: str, fix: str | None = None, code: int = 2) -> NoReturn:
+    """`fdl COMMAND: message` (and its fix) in red on stderr, then exit ``code``."""
+    text = f"fdl {command}: {message}" + (f"\n    fix: {fix}" if fix else "")
+    err.print(text, style="red", markup=False)
+    raise SystemExit(code)
+
+
+def option_error(command: str, exc: OptionError) -> NoReturn:
+    """An option that cannot be used, printed as its kind says; exit 2 whichever."""
+    if exc.kind == "param":
+        raise click.BadParameter(exc.message, param_hint=exc.param) from None
+    if exc.kind == "usage":
+        raise click.UsageError(exc.message) from None
+    fail(command, exc.message, exc.fix)
+
+
+def token_or_exit(option: str | None) -> str | None:
+    try:
+        return read_token(option)
+    except ValueError as exc:
+        err.print(f"fdl: {exc}", style="red", markup=False)
+        raise SystemExit(2) from None
+
+
+file_arg = click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+base_opt = click.option(
+    "--base",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fdl.yml to deep-merge FILE onto (the overlay rule).",
+)
+json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")

@@ -1,0 +1,150 @@
+"""`fdl join`: walk into a join window and run this box's ranks.
+
+The shell reads ./fdl.yml, the launcher's spec, the token and the host name;
+``options.resolve_join`` decides what wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from ..agent import AgentOptions
+from ..agent import join as run_join
+from ..agent_spec import AgentSpec, decode
+from ..config import Join
+from ..options import JoinFlags, OptionError, resolve_join
+from .common import err, fail, load, log, option_error, project_file, token_or_exit
+
+
+def read_spec(from_stdin: bool, command: str = "join") -> AgentSpec:
+    """The launcher's spec: the fan-out session's stdin, else FLODL_INTERNAL_AGENT_JSON."""
+    raw = sys.stdin.readline() if from_stdin else os.environ.get("FLODL_INTERNAL_AGENT_JSON", "")
+    if not raw.strip():
+        if from_stdin:
+            fail(command, "--spec-stdin got no spec on stdin")
+        return AgentSpec()
+    try:
+        return decode(raw)
+    except ValueError as exc:
+        fail(command, str(exc))
+
+
+def _join_block(config_file: Path | None) -> Join:
+    path = project_file(config_file)
+    if path is None:
+        return Join()
+    return load(path, None, False).config.join or Join()
+
+
+@click.command(name="join", context_settings={"ignore_unknown_options": True})
+@click.argument("address", required=False)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fdl.yml whose join: block supplies the defaults (default: ./fdl.yml if present).",
+)
+@click.option(
+    "--token", "token_opt", metavar="-", help="`-` reads the run's join.token from stdin (or set FDL_TOKEN)."
+)
+@click.option("--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward.")
+@click.option("--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
+@click.option(
+    "--tls-fingerprint", "pin", metavar="SHA256", help="The controller serves TLS: pin its certificate."
+)
+@click.option("--host", "host_name", help="This box's name in the roster (default: hostname).")
+@click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N (default: every GPU).")
+@click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
+@click.option("--bin", "entry", help="Local path of the run's entry point on this box.")
+@click.option("--backoff", type=click.FloatRange(0.1, 60), default=5.0, hidden=True)
+@click.option("--spec-stdin", is_flag=True, hidden=True, help="Read a launcher's agent spec from stdin.")
+@click.option("--tag", hidden=True, help="Marks a fan-out agent so the next launch can clean up orphans.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def join_cmd(
+    address: str | None,
+    config_file: Path | None,
+    token_opt: str | None,
+    ssh_dest: str | None,
+    identity: Path | None,
+    pin: str | None,
+    host_name: str | None,
+    devices: str | None,
+    persist: bool | None,
+    entry: str | None,
+    backoff: float,
+    spec_stdin: bool,
+    tag: str | None,
+    args: tuple[str, ...],
+) -> None:
+    """Walk into a join window at ADDRESS (host:port) and run this box's ranks.
+
+    Every flag defaults from the join: block of fdl.yml. Exit 0 clean, 1
+    transient (re-dial), 2 permanent.
+    """
+    # A launcher's spec is the whole story: a stray ./fdl.yml on the worker must not reroute it.
+    block = Join() if spec_stdin else _join_block(config_file)
+    spec = read_spec(spec_stdin)
+    flags = JoinFlags(
+        address=address,
+        token=token_or_exit(token_opt),
+        ssh=ssh_dest,
+        identity=identity,
+        pin=pin,
+        host=host_name,
+        devices=devices,
+        persist=persist,
+        bin=entry,
+        args=args,
+    )
+    try:
+        settings = resolve_join(flags, spec, block, socket.gethostname())
+    except OptionError as exc:
+        option_error("join", exc)
+    for note in settings.notes:
+        log(note)
+    options = AgentOptions(
+        controller_host=settings.controller_host,
+        controller_port=settings.controller_port,
+        key=settings.key,
+        host=settings.host,
+        devices=settings.devices,
+        bin=settings.bin,
+        ssh=settings.ssh,
+        data_path=settings.data_path,
+        env=settings.env,
+        socket_ifname=settings.socket_ifname,
+        source=settings.source,
+        data_source=settings.data_source,
+        args=settings.args,
+        tls_fingerprint=settings.tls_fingerprint,
+    )
+    spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
+
+    def on_wait(waiting: bool) -> None:
+        if err.is_terminal:
+            (spinner.start if waiting else spinner.stop)()
+
+    async def main() -> int:
+        # SIGTERM (systemd stop, a launcher's orphan clean-up) must end the ranks too:
+        # cancelling unwinds through the attempt's clean-up, which kills them.
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if task is not None:
+                loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await run_join(
+                options, persist=settings.persist, log=log, backoff_start=backoff, on_wait=on_wait
+            )
+        except asyncio.CancelledError:
+            log("stopped by a signal; ranks ended")
+            return 1
+
+    raise SystemExit(asyncio.run(main()))

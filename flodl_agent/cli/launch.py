@@ -1,0 +1,160 @@
+"""`fdl launch`: open the join window and run a command on every admitted rank."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import NoReturn
+
+import click
+from rich.markup import escape
+
+from ..config import Loaded
+from ..controller import Controller
+from ..launcher import LaunchError, LaunchOptions
+from ..launcher import launch as run_launch
+from ..status import one_line
+from ..supervision import parse_max_failure
+from .common import base_opt, err, load, log, print_problems
+
+
+async def _live_roster(controller: Controller) -> None:
+    """A spinner with the roster while the window is open (terminals only)."""
+    with err.status("opening the join window") as spinner:
+        while controller.window.phase in ("waiting", "staging"):
+            spinner.update(escape(one_line(controller.view.summary())))
+            await asyncio.sleep(0.5)  # the display's refresh interval
+
+
+def _parallelism(value: str | None) -> dict[str, int] | None:
+    from ..placement import PlacementError
+    from ..placement.parallel import parse_parallelism
+
+    if value is None:
+        return None
+    try:
+        return parse_parallelism(value)
+    except PlacementError as exc:
+        raise click.BadParameter(exc.render(), param_hint="--parallelism") from None
+
+
+def _max_failure(value: str) -> str:
+    try:
+        return parse_max_failure(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--max-failure") from None
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=Path("fdl.cluster.yml"),
+    show_default=True,
+    help="Cluster file to launch.",
+)
+@base_opt
+@click.option("--bind", help="Bind address (default: cluster.controller.host).")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), help="Port (default: cluster.controller.port; 0 picks one)."
+)
+@click.option(
+    "--plane",
+    type=click.Choice(["cpu", "nccl"]),
+    default="cpu",
+    show_default=True,
+    help="Data plane the run uses; nccl refuses CPU offers and mixed GPU vendors.",
+)
+@click.option(
+    "--fanout/--no-fanout",
+    default=True,
+    show_default=True,
+    help="Start an agent on every configured worker over ssh. --no-fanout when the workers run "
+    "their own join unit (fdl join --persist).",
+)
+@click.option(
+    "--max-failure",
+    default="0",
+    show_default=True,
+    callback=lambda _ctx, _param, value: _max_failure(value),
+    help="Ranks that may fail mid-run before it ends: a count (2) or a share of the world (25%). "
+    "Within it a lost rank is evicted and averaging renormalizes; beyond it the survivors averaging "
+    "through the controller save a checkpoint (ShutdownWithSave) and the run fails.",
+)
+@click.option(
+    "--stall-ceiling",
+    type=click.FloatRange(1, 86400),
+    default=600,
+    show_default=True,
+    help="Seconds an averaging round may wait for its last host before the run ends with ShutdownWithSave.",
+)
+@click.option(
+    "--parallelism",
+    callback=lambda _ctx, _param, value: _parallelism(value),
+    help="tensor=N,pipeline=N[,data=N][,expert=N]: the formed world (hosts as nodes, ranks per host "
+    "as GPUs) must satisfy it, or the run fails at formation with the arithmetic.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the run's report on stdout at the end: verdict, the world as formed, every rank's exit.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def launch(
+    config_file: Path,
+    base: Path | None,
+    bind: str | None,
+    port: int | None,
+    plane: str,
+    fanout: bool,
+    max_failure: str,
+    stall_ceiling: float,
+    parallelism: dict[str, int] | None,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Open the join window and run COMMAND on every admitted rank.
+
+    COMMAND (after --) is the run's entry point and arguments, stated once here
+    and sent to every agent. Exit 0 when the run is done, 1 when it failed.
+    """
+    loaded = load(config_file, base, False)
+    options = LaunchOptions(
+        command=list(command),
+        bind=bind,
+        port=port,
+        plane="nccl" if plane == "nccl" else "cpu",
+        fanout=fanout,
+        max_failure=max_failure,
+        stall_ceiling=stall_ceiling,
+        parallelism=parallelism,
+    )
+    launch_loaded(loaded, config_file, options, as_json)
+
+
+def launch_loaded(
+    loaded: Loaded, config_file: Path, options: LaunchOptions, as_json: bool = False
+) -> NoReturn:
+    """Run a loaded cluster file's launch to its end; exit with the run's code."""
+    print_problems(loaded.warnings)
+    cluster = loaded.config.cluster
+    if cluster is None:
+        err.print(f"fdl launch: {config_file} has no cluster: block to launch", style="red", markup=False)
+        raise SystemExit(1)
+    try:
+        code = asyncio.run(
+            run_launch(
+                cluster,
+                options,
+                log,
+                _live_roster if err.is_terminal else None,
+                (lambda report: click.echo(json.dumps(report, indent=2))) if as_json else None,
+            )
+        )
+    except LaunchError as exc:
+        err.print(f"fdl launch: {exc.render()}", style="red", markup=False)
+        raise SystemExit(1) from None
+    raise SystemExit(code)

@@ -1,0 +1,249 @@
+"""`fdl plan` (a parallelism request against a fleet) and `fdl placement` (Ray nodes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from ..address import AddressError, join_address, split_address
+from ..config import Cluster
+from .common import emit_json, err, json_opt, load, out
+
+
+def fleet_of_cluster(cluster: Cluster | None, path: Path, role: str) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a cluster file's workers: every worker must list its GPUs alike."""
+    from ..placement import PlacementError
+
+    workers = cluster.workers if cluster is not None else []
+    if not workers:
+        raise PlacementError(
+            f"{path} lists no workers", "plan against a cluster file with workers, or --nodes"
+        )
+    counts = []
+    for i, worker in enumerate(workers):
+        offer = worker.local_devices
+        if offer.kind != "gpus" and role != "sandbox":
+            raise PlacementError(
+                f"cluster.workers[{i}] ({worker.host}) offers `{offer}`, not a list of GPUs",
+                "list its GPUs (local_devices: [0, 1, ...]) so they can be counted, or pass --gpus-per-node",
+            )
+        counts.append(len(offer.gpus))
+    if len(set(counts)) > 1:
+        odd = next(i for i, c in enumerate(counts) if c != counts[0])
+        raise PlacementError(
+            f"cluster.workers[{odd}] ({workers[odd].host}) has {counts[odd]} GPUs, cluster.workers[0] "
+            f"({workers[0].host}) {counts[0]}: placement needs nodes of one size",
+            "plan the nodes of each size as their own fleet",
+        )
+    return len(workers), counts[0]
+
+
+def _fleet_from_ray(address: str, wanted: int | None, segment_size: int | None) -> tuple[int, int, list[str]]:
+    """(nodes, GPUs per node, the segment selection) read from a live Ray cluster; ``wanted``
+    nodes of it (default: every GPU node)."""
+    from ..placement import PlacementError
+    from ..placement.ray_cluster import live_fleet, ray_module
+    from ..placement.segments import decode_topology, select_segment_nodes
+
+    ray = ray_module()
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    live = ray.nodes()
+    nodes, gpus = live_fleet(live)
+    if wanted is not None and wanted > nodes:
+        raise PlacementError(
+            f"--nodes {wanted}: the Ray cluster has {nodes} alive GPU nodes", "ask for at most that many"
+        )
+    nodes = wanted or nodes
+    chosen: list[str] = []
+    if segment_size is not None:
+        chosen, _ = select_segment_nodes(decode_topology(live), segment_size, nodes)
+    return nodes, gpus, chosen
+
+
+@click.command()
+@click.option(
+    "--tensor", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size."
+)
+@click.option("--pipeline", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline stages.")
+@click.option(
+    "--data", type=click.IntRange(min=1), help="Data-parallel size (default: whatever uses every GPU)."
+)
+@click.option(
+    "--expert", type=click.IntRange(min=1), default=1, show_default=True, help="Expert-parallel size."
+)
+@click.option(
+    "--role", type=click.Choice(["trainer", "inference", "sandbox"]), help="Fleet role (default: env)."
+)
+@click.option("--nodes", type=click.IntRange(min=1), help="Node count.")
+@click.option("--gpus-per-node", type=click.IntRange(min=0), help="GPUs per node.")
+@click.option("--segment-size", type=click.IntRange(min=1), help="Nodes per NVLink segment.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Count nodes and GPUs from this cluster file's workers.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    help="Count nodes and GPUs on this live Ray cluster (`auto`: RAY_ADDRESS or the local one); "
+    "with --segment-size, also pick the segments from its NVLink topology.",
+)
+@json_opt
+def plan(
+    tensor: int,
+    pipeline: int,
+    data: int | None,
+    expert: int,
+    role: str | None,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    segment_size: int | None,
+    config_file: Path | None,
+    ray_address: str | None,
+    as_json: bool,
+) -> None:
+    """Check a parallelism request against a fleet before anything is claimed.
+
+    The fleet comes from flags, a cluster file's workers (--config), or the
+    DOCKYARD_* environment a container declares. Exit 0 when it can be placed,
+    1 with the arithmetic when it cannot.
+    """
+    from dataclasses import replace
+
+    from ..placement import FleetSpec, ParallelismSpec, PlacementError, preflight
+
+    try:
+        env = dict(os.environ)
+        if role:
+            env["DOCKYARD_FLEET_ROLE"] = role
+        segments: list[str] = []
+        if config_file is not None:
+            cluster = load(config_file, None, as_json).config.cluster
+            nodes, gpus_per_node = fleet_of_cluster(
+                cluster, config_file, env.get("DOCKYARD_FLEET_ROLE", "trainer")
+            )
+            env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
+        if ray_address is not None:
+            nodes, gpus_per_node, segments = _fleet_from_ray(ray_address, nodes, segment_size)
+            env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
+        for name, value in (
+            ("DOCKYARD_NUM_NODES", nodes),
+            ("DOCKYARD_GPUS_PER_NODE", gpus_per_node),
+            ("DOCKYARD_SEGMENT_SIZE", segment_size),
+        ):
+            if value is not None:
+                env[name] = str(value)
+        fleet = FleetSpec.from_env(env)
+        spec = ParallelismSpec(tensor, pipeline, 1, expert)
+        if data is None and fleet.total_gpus and fleet.total_gpus % spec.replica == 0:
+            data = fleet.total_gpus // spec.replica
+        result = preflight(replace(spec, data=data or 1), fleet)
+    except PlacementError as exc:
+        if as_json:
+            emit_json({"ok": False, "error": exc.message, "fix": exc.fix})
+        else:
+            err.print(f"fdl plan: {exc.render()}", style="red", markup=False)
+        raise SystemExit(1) from None
+    payload = {
+        "ok": True,
+        "fleet": {
+            "role": fleet.role,
+            "nodes": fleet.num_nodes,
+            "gpus_per_node": fleet.gpus_per_node,
+            "strategy": fleet.placement_strategy,
+            "segment_size": fleet.segment_size,
+        },
+        "parallelism": {"tensor": tensor, "pipeline": pipeline, "data": data, "expert": expert},
+        "replica_gpus": result.replica_gpus,
+        "replicas": result.replicas,
+        "unified": result.unified,
+        "notes": result.notes,
+        "segment_nodes": segments,
+    }
+    if as_json:
+        emit_json(payload)
+        return
+    out.print(
+        f"[green]placeable[/]: {fleet.role} fleet, {fleet.num_nodes} nodes x {fleet.gpus_per_node} GPUs "
+        f"({fleet.placement_strategy}); tensor {tensor} x pipeline {pipeline} x data {data} (expert {expert})"
+    )
+    out.print(
+        f"  {result.replicas} replicas of {result.replica_gpus} GPUs, "
+        + ("one unified cross-node placement group each" if result.unified else "per-node STRICT_PACK groups")
+    )
+    for note in result.notes:
+        out.print(f"  note: {escape(note)}")
+    if segments:
+        out.print(f"  segments: {escape(', '.join(segments))}")
+
+
+@click.group()
+def placement() -> None:
+    """Fleet placement on Ray (seed 001)."""
+
+
+smi_opt = click.option(
+    "--smi",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Read this `nvidia-smi -q` output instead of running nvidia-smi.",
+)
+
+
+@placement.command("resources")
+@smi_opt
+def placement_resources(smi: Path | None) -> None:
+    """Print this node's topology resources as JSON, for `ray start --resources=...`.
+
+    nvlink_domain_<fabric> from nvidia-smi -q and topo_rank from FLODL_TOPO_RANK,
+    else SLURM_NODEID (encoded rank + 1: a resource of quantity 0 vanishes from
+    Ray). A node without an NVLink fabric prints {} and is never chosen for a
+    segment.
+    """
+    from ..placement.node import node_resources
+
+    click.echo(json.dumps(node_resources(smi, os.environ), sort_keys=True))
+
+
+@placement.command("node")
+@click.option("--address", metavar="HOST:PORT", help="The head to join (default: start a head here).")
+@click.option("--port", type=click.IntRange(1, 65535), default=6379, show_default=True, help="A head's port.")
+@click.option("--temp-dir", help="Ray's session directory (default: Ray's own).")
+@smi_opt
+@click.option("--dry-run", is_flag=True, help="Print the ray start command instead of running it.")
+def placement_node(
+    address: str | None, port: int, temp_dir: str | None, smi: Path | None, dry_run: bool
+) -> None:
+    """Run this box as a Ray node of the fleet, with its topology resources (what the
+    worker role's flodl-ray.service runs): `ray start --block`, replacing this process.
+    """
+    from ..placement.node import node_resources
+    from ..placement.ray_cluster import node_argv
+
+    if address is not None:
+        try:
+            host, node_port = split_address(address, default_port=6379)
+        except AddressError as exc:
+            raise click.BadParameter(str(exc), param_hint="--address") from None
+        address = join_address(host, node_port)
+    argv = node_argv(node_resources(smi, os.environ), address=address, port=port, temp_dir=temp_dir)
+    if dry_run:
+        click.echo(shlex.join(argv))
+        return
+    if not Path(argv[0]).is_file():
+        err.print(
+            f"fdl placement node: Ray is not installed in this venv ({argv[0]} is missing)\n"
+            "    fix: pip install 'flodl-fleet[ray]' (the worker role does with flodl_worker_ray_address)",
+            style="red",
+            markup=False,
+        )
+        raise SystemExit(2)
+    sys.stdout.flush()
+    os.execv(argv[0], argv)

@@ -1,0 +1,108 @@
+"""`fdl probe`: check this box before it walks in; `fdl @NAME probe`: a whole cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import NoReturn
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ..config import Cluster, ConfigError, load_config
+from ..options import OptionError, probe_join
+from ..probe import Finding
+from .common import CLUSTER_FILE, base_opt, emit_json, err, json_opt, option_error, out, project_file
+from .join import read_spec
+
+LEVEL_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold"}
+
+
+def _finding_row(f: Finding, *where: str) -> tuple[str, ...]:
+    text = f.message + (f"\n  fix: {f.fix}" if f.fix and f.level != "ok" else "")
+    return (f"[{LEVEL_STYLE[f.level]}]{f.level}[/]", *where, f.check, escape(text))
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fdl.yml (a worker's join: block) or fdl.cluster.yml (a controller). "
+    "Default: whichever is in this directory; with neither, the box alone.",
+)
+@base_opt
+@click.option("--no-dial", is_flag=True, help="Do not try to reach the controller.")
+@click.option("--spec-stdin", is_flag=True, hidden=True, help="Probe as a cluster entry on stdin says.")
+@json_opt
+def probe(
+    config_file: Path | None, base: Path | None, no_dial: bool, spec_stdin: bool, as_json: bool
+) -> None:
+    """Check this box before it walks in (or runs a controller).
+
+    torch and its variant against this box's GPUs, NCCL, the socket interface,
+    the data root, the node-local cache, the controller (through the join's ssh
+    forward when it has one), the controller port, and stale config keys.
+    Exit 0 when nothing failed, 1 otherwise.
+    """
+    from ..probe import as_json_payload, check, gather
+
+    if config_file is None and not spec_stdin:
+        config_file = project_file() or (CLUSTER_FILE if CLUSTER_FILE.is_file() else None)
+    join = cluster = None
+    findings: list[Finding] = []
+    if spec_stdin:  # `fdl @NAME probe`: this box as its cluster entry describes it
+        try:
+            join = probe_join(read_spec(True, "probe"))
+        except OptionError as exc:
+            option_error("probe", exc)
+    elif config_file is not None:
+        try:
+            loaded = load_config(config_file, base)
+        except ConfigError as exc:  # a finding like any other: the rest of the box is still probed
+            findings += [Finding("config", "fail", p.render()) for p in exc.problems]
+        else:
+            join, cluster = loaded.config.join, loaded.config.cluster
+            findings += [Finding("config", "warn", w.render()) for w in loaded.warnings]
+            findings.append(Finding("config", "ok", f"{' + '.join(loaded.files)} is valid"))
+    facts = gather(join, cluster, dial=not no_dial)
+    findings += check(facts, join, cluster)
+    failed = any(f.level == "fail" for f in findings)
+    if as_json:
+        emit_json(as_json_payload(facts, findings))
+    else:
+        table = Table("", "check", "finding", box=None, show_header=False, pad_edge=False)
+        for f in findings:
+            table.add_row(*_finding_row(f))
+        out.print(table)
+        out.print("[red]not ready[/]" if failed else "[green]ready[/]")
+    raise SystemExit(1 if failed else 0)
+
+
+def probe_cluster(cluster: Cluster, name: str, as_json: bool) -> NoReturn:
+    """`fdl @NAME probe`: every worker over ssh, the controller here, and the findings across them."""
+    from ..cluster_probe import across
+    from ..cluster_probe import as_json as cluster_json
+    from ..cluster_probe import probe_cluster as run_probe
+
+    if not as_json:
+        err.print(f"probing the controller and {len(cluster.workers)} worker(s) of {name}…", style="dim")
+    reports = asyncio.run(run_probe(cluster))
+    findings = across(reports)
+    payload = cluster_json(reports, findings)
+    if as_json:
+        emit_json(payload)
+        raise SystemExit(0 if payload["ok"] else 1)
+    table = Table("", "host", "check", "finding", box=None, show_header=False, pad_edge=False)
+    for report in reports:
+        for f in report.findings:
+            if f.level != "ok":
+                table.add_row(*_finding_row(f, report.host))
+        if report.payload is not None and not any(f.level != "ok" for f in report.findings):
+            table.add_row("[green]ok[/]", report.host, "", "every check passed")
+    for f in findings:
+        table.add_row(*_finding_row(f, "(across)"))
+    out.print(table)
+    out.print("[green]ready[/]" if payload["ok"] else "[red]not ready[/]")
+    raise SystemExit(0 if payload["ok"] else 1)

@@ -1,0 +1,161 @@
+"""`fdl publish`: fetch a source into the served tree, build it once as a gate, write its manifest."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ..options import OptionError, PublishFlags, resolve_publish
+from .common import emit_json, err, json_opt, load, log, option_error, out, project_file
+
+
+class _TailCommand(click.Command):
+    """Everything after `--` is the tail (``ctx.meta["tail"]``, None without a `--`): an
+    empty tail is still a tail, and a tail never fills an optional positional argument."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["tail"] = None
+        if "--" in args:
+            cut = args.index("--")
+            args, ctx.meta["tail"] = args[:cut], args[cut + 1 :]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[OPTIONS] [SPEC] [-- ARGS...]")
+
+
+@click.command(cls=_TailCommand)
+@click.argument("spec", required=False)
+@click.option("--bin", "entry", help="Entry point, relative to --cwd.")
+@click.option("--cwd", help="Project directory inside the tree (default: its root).")
+@click.option("--build", help="Build line, run once here as the gate (and by every worker).")
+@click.option("--to", "served", type=click.Path(path_type=Path, file_okay=False), help="Served directory.")
+@click.option(
+    "--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for rsync:// and git+ssh://."
+)
+@click.option("--no-build", is_flag=True, help="Publish without running the build gate.")
+@click.option(
+    "--model-probe/--no-model-probe",
+    default=None,
+    help="Probe the entry's model here; every box then probes its own before it dials, and the "
+    "join window refuses a box that builds a different model. The entry must build its model "
+    "through flodl_agent.train.Trainer (or call flodl_agent.signature.answer_probe).",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fdl.yml whose publish: block supplies the defaults (default: ./fdl.yml if present).",
+)
+@json_opt
+@click.pass_context
+def publish(
+    ctx: click.Context,
+    spec: str | None,
+    entry: str | None,
+    cwd: str | None,
+    build: str | None,
+    served: Path | None,
+    identity: Path | None,
+    no_build: bool,
+    model_probe: bool | None,
+    config_file: Path | None,
+    as_json: bool,
+) -> None:
+    """Publish a run: fetch SPEC into the served tree, build it once as a gate, write its manifest.
+
+    SPEC is file:///abs, rsync://[user@]host[:port]:/abs, or git+https|ssh|file://…#ref.
+    Everything after `--` is the run's arguments. Flags default from the publish: block of
+    fdl.yml, field by field; a `--` tail replaces its args even when empty. Workers pick the
+    run up on their next dial. Exit 0 published, 1 otherwise (nothing published).
+    """
+    from ..config import Publish
+    from ..publish import PublishError, PublishRequest
+    from ..publish import publish as run_publish
+
+    path = project_file(config_file)
+    block = (load(path, None, as_json).config.publish if path else None) or Publish()
+    tail = ctx.meta["tail"]
+    flags = PublishFlags(
+        spec=spec,
+        bin=entry,
+        cwd=cwd,
+        build=build,
+        served=served,
+        identity=identity,
+        no_build=no_build,
+        model_probe=model_probe,
+        tail=tuple(tail) if tail is not None else None,
+    )
+    try:
+        settings = resolve_publish(flags, block)
+    except OptionError as exc:
+        option_error("publish", exc)
+    request = PublishRequest(
+        source=settings.source,
+        served=settings.served.expanduser().absolute(),
+        bin=settings.bin,
+        cwd=settings.cwd,
+        build=settings.build,
+        args=settings.args,
+        no_build=settings.no_build,
+        model_probe=settings.model_probe,
+        identity=str(settings.identity.expanduser()) if settings.identity else None,
+    )
+    try:
+        report = run_publish(request, log=log if not as_json else lambda _: None)
+    except PublishError as exc:
+        if as_json:
+            emit_json({"published": False, "error": exc.message, "fix": exc.fix})
+        else:
+            err.print(f"fdl publish: {exc.render()}", style="red", markup=False)
+        raise SystemExit(1) from None
+    host = socket.getfqdn()
+    spellings = report.spellings(host)
+    manifest = report.manifest
+    if as_json:
+        emit_json(
+            {
+                "published": True,
+                "tree": str(report.tree),
+                "files": report.files,
+                "manifest": manifest.model_dump(),
+                "fetch": spellings,
+            }
+        )
+        return
+    built = (
+        f"passed: {manifest.build}"
+        if manifest.built
+        else ("not built (--no-build)" if manifest.build else "no build line")
+    )
+    table = Table("", "", box=None, show_header=False, pad_edge=False)
+    for name, value in (
+        ("run", manifest.run),
+        (
+            "tree",
+            f"{report.tree}  ({report.files} file{'' if report.files == 1 else 's'}, "
+            f"digest {manifest.digest[:12]})",
+        ),
+        ("origin", manifest.origin),
+        ("build", built),
+        ("cwd", manifest.cwd),
+        ("bin", manifest.bin or "(the launch command's)"),
+        ("args", shlex.join(manifest.args) if manifest.args else "(none)"),
+        (
+            "model",
+            f"{manifest.model_sig[:12]}  (every box probes its own before it dials)"
+            if manifest.model_sig
+            else "not probed (the formation check compares models)",
+        ),
+        ("fetch", f"{spellings['plain']}   (a key without a forced command)"),
+        ("", f"{spellings['rrsync']}   (behind rrsync -ro <served>: the door B recipe)"),
+    ):
+        table.add_row(f"[bold]{name}[/]", escape(value))
+    out.print("[green]published[/]")
+    out.print(table)

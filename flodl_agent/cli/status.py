@@ -1,0 +1,130 @@
+"""`fdl status` and `fdl start`: the operator's side of the controller's HTTP surface.
+
+The shell reads ./fdl.cluster.yml and FDL_TLS_FINGERPRINT; ``options.resolve_addr``
+and ``resolve_pin`` decide what wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Group
+from rich.live import Live
+
+from ..config import Cluster, ConfigError, load_config
+from ..options import OptionError, resolve_addr, resolve_pin
+from ..status import Unreachable, render, request
+from ..tls import cert_fingerprint
+from .common import CLUSTER_FILE, emit_json, err, json_opt, option_error, out, token_or_exit
+
+addr_opt = click.option(
+    "--addr", help="Controller address host:port (default: ./fdl.cluster.yml, else 127.0.0.1:1337)."
+)
+pin_opt = click.option(
+    "--tls-fingerprint",
+    "pin",
+    metavar="SHA256",
+    help="The controller serves TLS: pin its certificate (default: FDL_TLS_FINGERPRINT, else the "
+    "certificate ./fdl.cluster.yml serves).",
+)
+
+
+def _active_cluster(path: Path) -> Cluster | None:
+    """The cluster of ./fdl.cluster.yml; none when it is missing or invalid (then the defaults apply)."""
+    if not path.is_file():
+        return None
+    try:
+        return load_config(path).config.cluster
+    except ConfigError:
+        return None
+
+
+def _cluster_pin(cluster: Cluster | None) -> str | None:
+    if cluster is None or cluster.controller.tls is None:
+        return None
+    with contextlib.suppress(OSError, ValueError):  # no readable certificate: no pin from it
+        return cert_fingerprint(Path(cluster.controller.tls.cert))
+    return None
+
+
+def target(addr: str | None, pin: str | None) -> tuple[str, str | None, str | None]:
+    """(address, pin, a note on where the address came from) for talking to the controller."""
+    path = Path.cwd() / CLUSTER_FILE
+    cluster = _active_cluster(path) if not (addr and pin) else None
+    controller = (cluster.controller.host, cluster.controller.port) if cluster is not None else None
+    try:
+        pinned = resolve_pin(pin, os.environ, _cluster_pin(cluster))
+    except OptionError as exc:
+        option_error("status", exc)
+    address, note = resolve_addr(addr, controller, str(path))
+    return address, pinned, note
+
+
+@click.command()
+@addr_opt
+@pin_opt
+@json_opt
+@click.option("--watch", is_flag=True, help="Refresh every second until the run ends.")
+def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> None:
+    """Show the controller's phase, countdowns and roster. Exit 1 when nobody answers."""
+    where, pinned, note = target(addr, pin)
+    if note and not as_json:
+        err.print(f"note: {note}", style="dim", markup=False)
+
+    def fetch() -> dict[str, Any]:
+        try:
+            return request(where, "GET", "/state.json", pin=pinned).body
+        except Unreachable as exc:
+            err.print(f"fdl status: {exc}", style="red", markup=False)
+            raise SystemExit(1) from None
+
+    state = fetch()
+    if as_json:
+        emit_json(state)
+        return
+    if not watch:
+        for part in render(state):
+            out.print(part)
+        return
+    with Live(Group(*render(state)), console=out, refresh_per_second=4) as live:
+        while state.get("phase") not in ("done", "failed"):
+            time.sleep(1.0)  # the refresh interval of a watch display
+            try:
+                state = request(where, "GET", "/state.json", pin=pinned).body
+            except Unreachable:
+                break
+            live.update(Group(*render(state)))
+
+
+@click.command()
+@addr_opt
+@pin_opt
+@click.option(
+    "--token",
+    "token_opt",
+    metavar="-",
+    help="`-` reads the run's join.token from stdin (or set FDL_TOKEN); not needed on the controller host.",
+)
+def start(addr: str | None, pin: str | None, token_opt: str | None) -> None:
+    """Fire a manual or hybrid window's start. Exit 0 armed, 1 refused."""
+    where, pinned, note = target(addr, pin)
+    if note:
+        err.print(f"note: {note}", style="dim", markup=False)
+    token = token_or_exit(token_opt)
+    try:
+        reply = request(where, "POST", "/start", form={"token": token} if token else None, pin=pinned)
+    except Unreachable as exc:
+        err.print(f"fdl start: {exc}", style="red", markup=False)
+        raise SystemExit(1) from None
+    if reply.status in (200, 202):
+        out.print(f"armed: {reply.body.get('reason', 'start accepted')}", markup=False)
+        return
+    err.print(
+        f"refused ({reply.status}): {reply.body.get('error', 'no reason given')}", style="red", markup=False
+    )
+    raise SystemExit(1)

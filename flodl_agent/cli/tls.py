@@ -1,0 +1,46 @@
+"""`fdl tls`: a self-signed certificate for the controller port, and its pin."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import click
+
+from .common import fail
+
+
+@click.group()
+def tls() -> None:
+    """TLS on the controller port: a self-signed certificate that clients pin."""
+
+
+@tls.command("generate")
+@click.option("--cert", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM out.")
+@click.option("--key", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM key out.")
+@click.option("--name", "names", multiple=True, help="A DNS name or address of the controller (repeat).")
+@click.option("--force", is_flag=True, help="Replace an existing certificate (every pin must change).")
+def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> None:
+    """Write a self-signed certificate and key (0600) for cluster.controller.tls; print the fingerprint
+    workers pin (join.tls_fingerprint)."""
+    from ..tls import generate
+
+    if (cert.exists() or key.exists()) and not force:
+        fail(
+            "tls generate",
+            f"{cert if cert.exists() else key} exists",
+            "keep it (fdl tls fingerprint prints its pin), or --force to replace it and re-pin",
+        )
+    click.echo(generate(cert, key, list(names) or [socket.getfqdn()]))
+
+
+@tls.command("fingerprint")
+@click.argument("cert", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+def tls_fingerprint(cert: Path) -> None:
+    """Print a PEM certificate's pin (sha256:<hex>), as join.tls_fingerprint takes it."""
+    from ..tls import cert_fingerprint
+
+    try:
+        click.echo(cert_fingerprint(cert))
+    except ValueError as exc:
+        raise click.BadParameter(f"not a PEM certificate ({exc})", param_hint="CERT") from None

@@ -1,0 +1,91 @@
+"""The join block of fdl.yml: the defaults of every `fdl join` flag, and join.source."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from .cluster import Ssh
+from .fields import (
+    AbsPath,
+    ControllerAddress,
+    DataSourceText,
+    Devices,
+    Env,
+    Fingerprint,
+    IfName,
+    Libtorch,
+    Model,
+    Name,
+    Share,
+    SourceSpecText,
+    Token,
+    check,
+)
+from .problems import Rule
+
+
+class Source(Model):
+    """join.source: fetch a tree and build the entry point on this box."""
+
+    from_: SourceSpecText = Field(alias="from", description="source spec (file://, rsync://, git+…#ref)")
+    cwd: str | None = Field(None, description="project dir inside the tree; governs build and run")
+    build: str | None = Field(None, description="shell line that builds the entry point")
+    bin: str | None = Field(None, description="entry point, relative to cwd")
+
+
+class Join(Model):
+    """The join block of fdl.yml: the defaults of every `fdl join` flag."""
+
+    controller: ControllerAddress | None = Field(
+        None, description="controller address host[:port] (as seen from the ssh host under ssh:)"
+    )
+    token: Token | None = Field(None, description="the run's join.token")
+    ssh: Ssh | None = Field(None, description="dial through this sshd with a local forward")
+    host: Name | None = Field(None, description="this box's name in the roster (default: hostname)")
+    devices: Devices | None = Field(None, description="devices offered (default: every GPU)")
+    bin: str | None = Field(None, description="entry point to run as given")
+    args: list[str] = Field(default_factory=list, description="arguments for the entry point")
+    persist: bool = Field(False, description="re-dial with backoff whenever the agent exits")
+    data_path: AbsPath | None = Field(None, description="the local data root this box's ranks read")
+    data_source: DataSourceText | None = Field(
+        None, description="mount data_path read-only from here when it is not there"
+    )
+    gpu_ram_share: Share | None = Field(None, description="APU boxes: RAM fraction the GPU claims")
+    libtorch: Libtorch | None = Field(None, description="torch variant: auto, cpu, cu126, rocm6.4…")
+    source: Source | None = Field(None, description="fetch and build the entry point here")
+    nccl_socket_ifname: IfName | None = Field(None, description="network interface for NCCL/gloo")
+    env: Env = Field(default_factory=dict, description="environment for this box's ranks")
+    tls_fingerprint: Fingerprint | None = Field(
+        None, description="the controller port speaks TLS: pin its certificate (sha256:<hex>)"
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Join:
+        rules: list[Rule] = []
+        if self.bin is not None and self.source is not None:
+            rules.append(
+                (
+                    ("bin",),
+                    "`bin` and `source` are alternatives: bin runs an entry point as given, "
+                    "source fetches and builds one",
+                    "keep one; the built entry point is named by source.bin or the run manifest",
+                )
+            )
+        if self.data_source is not None and self.data_path is None:
+            rules.append(
+                (
+                    ("data_path",),
+                    "is required with data_source: it is where the mount goes up",
+                    "set data_path to the local mount point, e.g. /flodl/data",
+                )
+            )
+        if self.ssh is not None and self.ssh.target is None:
+            rules.append(
+                (
+                    ("ssh", "target"),
+                    "is required: it is the box whose sshd forwards to the controller",
+                    "set join.ssh.target to the controller box, e.g. ctrl.example.com",
+                )
+            )
+        check(rules)
+        return self

@@ -1,0 +1,99 @@
+"""cluster.controller.join: the knobs of the membership window and the rules between them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .fields import DEFAULT_JOIN_TIMEOUT, DEFAULT_MAX_JOIN_TIMEOUT, Model, Ranks, Seconds, Token, check
+from .problems import Rule
+
+
+class JoinWindow(Model):
+    """cluster.controller.join: how the membership window admits and closes."""
+
+    min_rank_start: Ranks | None = Field(
+        None, description="quorum, in ranks (default: the configured capacity)"
+    )
+    join_timeout: Seconds = Field(DEFAULT_JOIN_TIMEOUT, description="window length in seconds")
+    target_ranks: Ranks | None = Field(
+        None, description="close early once this many ranks joined (default: the configured capacity)"
+    )
+    max_join_timeout: Seconds = Field(
+        DEFAULT_MAX_JOIN_TIMEOUT, description="hard cap in seconds on waiting and on the staging hold"
+    )
+    open_admission: bool = Field(
+        False, description="hand the session salt to any peer that reaches a network bind"
+    )
+    start: Literal["auto", "manual", "hybrid"] = Field(
+        "auto", description="auto: the clock forms the world; manual: `fdl start` does; hybrid: either"
+    )
+    discovery: bool = Field(False, description="no roster: the world is whoever walked in")
+    tunnel_only: bool = Field(
+        False, description="under discovery, admit only through the guardrailed sshd (loopback bind)"
+    )
+    token: Token | None = Field(
+        None, description="32 hex characters; replaces the per-run session salt as the join key"
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> JoinWindow:
+        rules: list[Rule] = []
+        if self.token is not None and self.open_admission:
+            rules.append(
+                (
+                    ("open_admission",),
+                    "contradicts `token`: a configured token always forces credential-checked admission",
+                    "drop open_admission, or drop token to admit without credentials",
+                )
+            )
+        if self.start == "manual" and self.target_ranks is not None:
+            rules.append(
+                (
+                    ("target_ranks",),
+                    "is refused under `start: manual`: only `fdl start` or max_join_timeout ends the hold",
+                    "drop target_ranks, or use `start: hybrid` to let the target fire the start too",
+                )
+            )
+        if (
+            self.target_ranks is not None
+            and self.min_rank_start is not None
+            and self.target_ranks < self.min_rank_start
+        ):
+            rules.append(
+                (
+                    ("target_ranks",),
+                    f"({self.target_ranks}) is below min_rank_start ({self.min_rank_start}): "
+                    "the window would aim to close before quorum",
+                    f"set target_ranks to at least {self.min_rank_start}",
+                )
+            )
+        if self.max_join_timeout < self.join_timeout:
+            rules.append(
+                (
+                    ("max_join_timeout",),
+                    f"({self.max_join_timeout}s) is below join_timeout ({self.join_timeout}s): "
+                    "the hard cap would cut the window short",
+                    f"set max_join_timeout to at least {self.join_timeout}",
+                )
+            )
+        if self.discovery and self.min_rank_start is None:
+            rules.append(
+                (
+                    ("min_rank_start",),
+                    "is required under `discovery: true`: with no roster there is no capacity to "
+                    "default the quorum to",
+                    "set min_rank_start to the fewest ranks worth starting",
+                )
+            )
+        if self.tunnel_only and not self.discovery:
+            rules.append(
+                (
+                    ("tunnel_only",),
+                    "only applies under `discovery: true`",
+                    "set discovery: true, or drop tunnel_only",
+                )
+            )
+        check(rules)
+        return self

@@ -1,0 +1,264 @@
+"""Option resolution per command: flags > env > the fdl.yml block > defaults.
+
+Pure: the ``cli`` shell reads files, the environment and stdin and passes the
+values in; nothing here touches them (nor click, nor asyncio). A value that
+cannot be used raises ``OptionError`` naming the flag and the fix; the shell
+turns it into exit 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
+
+from .address import AddressError, join_address, local_address, split_address
+from .agent_spec import AgentSpec
+from .config import DeviceOffer, Join, Publish, Ssh, parse_devices
+from .config.models import Source
+from .pin import normalize
+from .sources import SourceSpec, SpecError, parse_source
+
+DEFAULT_ADDR = "127.0.0.1:1337"  # where `fdl status` looks with no --addr and no cluster file
+TUNNEL_ADDR = "127.0.0.1:1337"  # the controller's end of an ssh forward, as seen from this box
+DEFAULT_SERVED = "~/.flodl/run"
+
+
+class OptionError(ValueError):
+    """``param`` (a flag or argument) cannot be used; exit 2 whichever way it prints:
+    ``param``: click's `Invalid value for '--ssh': ...`; ``usage``: click's usage error;
+    ``refusal``: `fdl CMD: message` and a fix line."""
+
+    def __init__(
+        self,
+        param: str,
+        message: str,
+        fix: str | None = None,
+        kind: Literal["param", "usage", "refusal"] = "param",
+    ) -> None:
+        super().__init__(message)
+        self.param, self.message, self.fix, self.kind = param, message, fix, kind
+
+
+def first_error(exc: Exception) -> str:
+    """The first message of a pydantic error (the rest repeat it for other union members)."""
+    if isinstance(exc, ValidationError):
+        return str(exc.errors()[0]["msg"])
+    return str(exc)
+
+
+# --- fdl join --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JoinFlags:
+    """`fdl join`'s flags as typed; ``token`` is already `--token -` or FDL_TOKEN (credentials)."""
+
+    address: str | None = None
+    token: str | None = None
+    ssh: str | None = None
+    identity: Path | None = None
+    pin: str | None = None
+    host: str | None = None
+    devices: str | None = None
+    persist: bool | None = None
+    bin: str | None = None
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JoinSettings:
+    """What the agent runs with (AgentOptions' fields), whether to re-dial, and notes to log."""
+
+    controller_host: str
+    controller_port: int
+    key: bytes | None
+    host: str
+    devices: DeviceOffer
+    bin: str | None
+    ssh: Ssh | None
+    data_path: str
+    env: dict[str, str]
+    socket_ifname: str
+    source: Source | None
+    data_source: str
+    args: list[str]
+    tls_fingerprint: str
+    persist: bool
+    notes: tuple[str, ...] = ()
+
+
+def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
+    """``--ssh [user@]host[:port]``; the port only when one is written."""
+    user, _, rest = text.rpartition("@")
+    try:
+        target, ssh_port = split_address(rest, 22)
+        return Ssh(
+            target=target,
+            port=ssh_port if rest.count(":") == 1 or "]:" in rest else None,
+            user=user or None,
+            identity_file=str(identity) if identity else None,
+        )
+    except (AddressError, ValidationError) as exc:
+        raise OptionError("--ssh", f"`{text}` is not [user@]host[:port] ({first_error(exc)})") from None
+
+
+def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) -> JoinSettings:
+    """Flags (and FDL_TOKEN) > the launcher's spec > the join: block > defaults, field by field.
+
+    A launcher's spec comes with an empty block: its caller never reads ./fdl.yml then.
+    """
+    ssh = block.ssh
+    if flags.ssh:
+        ssh = parse_ssh_dest(flags.ssh, flags.identity)
+    elif flags.identity and ssh is not None:
+        ssh = ssh.model_copy(update={"identity_file": str(flags.identity)})
+    spec_addr = join_address(spec.controller_host, spec.controller_port) if spec.controller_host else None
+    addr = flags.address or spec_addr or block.controller or (TUNNEL_ADDR if ssh is not None else None)
+    if addr is None:
+        raise OptionError(
+            "ADDRESS",
+            "no controller address",
+            "pass HOST:PORT, set join.controller in fdl.yml, or use --ssh",
+            kind="refusal",
+        )
+    try:
+        wanted = flags.devices or spec.devices
+        offer = parse_devices(wanted) if wanted else (block.devices or DeviceOffer("all"))
+    except PydanticCustomError as exc:
+        raise OptionError("--devices", f"--devices: {exc}", kind="refusal") from None
+    notes = []
+    if flags.args and list(flags.args) != block.args and block.source is None:
+        notes.append("note: the run's arguments come from the controller; local arguments are ignored")
+    try:
+        host, port = split_address(addr)
+    except AddressError as exc:
+        raise OptionError("ADDRESS", str(exc)) from None
+    # The key is the one field where the block beats the spec: a fan-out spec (stdin)
+    # comes with an empty block, so only a hand-set FLODL_INTERNAL_AGENT_JSON meets both.
+    key_hex = flags.token or block.token or spec.key
+    try:
+        pin = normalize(flags.pin) if flags.pin else None
+    except ValueError as exc:
+        raise OptionError("--tls-fingerprint", str(exc)) from None
+    return JoinSettings(
+        controller_host=host,
+        controller_port=port,
+        key=bytes.fromhex(key_hex) if key_hex else None,
+        host=flags.host or spec.host or block.host or hostname,
+        devices=offer,
+        bin=flags.bin or block.bin,
+        ssh=ssh,
+        data_path=spec.data_path or block.data_path or "",
+        env={**block.env, **spec.env},
+        socket_ifname=spec.socket_ifname or block.nccl_socket_ifname or "",
+        source=block.source,
+        data_source=block.data_source or "",
+        args=list(flags.args) or list(block.args),
+        tls_fingerprint=pin or block.tls_fingerprint or "",
+        persist=block.persist if flags.persist is None else flags.persist,
+        notes=tuple(notes),
+    )
+
+
+def probe_join(spec: AgentSpec) -> Join:
+    """`fdl probe --spec-stdin`: this box as its cluster entry describes it."""
+    try:
+        return Join.model_validate(
+            {
+                "devices": spec.devices,
+                "data_path": spec.data_path or None,
+                "nccl_socket_ifname": spec.socket_ifname or None,
+                "env": spec.env,
+            }
+        )
+    except ValueError as exc:
+        raise OptionError(
+            "--spec-stdin", f"the cluster entry is not valid here ({first_error(exc)})", kind="refusal"
+        ) from None
+
+
+# --- fdl publish -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PublishFlags:
+    spec: str | None = None
+    bin: str | None = None
+    cwd: str | None = None
+    build: str | None = None
+    served: Path | None = None
+    identity: Path | None = None
+    no_build: bool = False
+    model_probe: bool | None = None
+    tail: tuple[str, ...] | None = None  # after `--`; an empty tail still replaces publish.args
+
+
+@dataclass(frozen=True)
+class PublishSettings:
+    """A PublishRequest's fields, paths as written: ``~`` and relative paths are this
+    process's home and directory, which the shell expands."""
+
+    source: SourceSpec
+    served: Path
+    bin: str | None
+    cwd: str
+    build: str | None
+    args: list[str]
+    no_build: bool
+    model_probe: bool
+    identity: Path | None
+
+
+def resolve_publish(flags: PublishFlags, block: Publish) -> PublishSettings:
+    """Flags > the publish: block > defaults, field by field."""
+    text = flags.spec or block.source
+    if text is None:
+        raise OptionError("SPEC", "name a source: SPEC, or publish.source in fdl.yml", kind="usage")
+    try:
+        source = parse_source(text)
+    except SpecError as exc:
+        raise OptionError("SPEC", exc.render()) from None
+    key = flags.identity or (Path(block.identity) if block.identity else None)
+    return PublishSettings(
+        source=source,
+        served=flags.served or Path(block.to or DEFAULT_SERVED),
+        bin=flags.bin or block.bin,
+        cwd=flags.cwd or block.cwd or ".",
+        build=flags.build or block.build,
+        args=list(flags.tail) if flags.tail is not None else list(block.args),
+        no_build=flags.no_build,
+        model_probe=block.model_probe if flags.model_probe is None else flags.model_probe,
+        identity=key,
+    )
+
+
+# --- fdl status / fdl start ------------------------------------------------------------------
+
+
+def resolve_addr(
+    flag: str | None, controller: tuple[str, int] | None, cluster_file: str
+) -> tuple[str, str | None]:
+    """--addr > the controller of ./fdl.cluster.yml (``controller``, when it has one) > the
+    default; with a note saying where the address came from when it was not the flag."""
+    if flag:
+        return flag, None
+    if controller is not None:
+        host, port = controller
+        return join_address(local_address(host), port), f"controller from {cluster_file}"
+    return DEFAULT_ADDR, f"no --addr and no ./fdl.cluster.yml: trying {DEFAULT_ADDR}"
+
+
+def resolve_pin(flag: str | None, env: Mapping[str, str], cluster_pin: str | None) -> str | None:
+    """--tls-fingerprint > FDL_TLS_FINGERPRINT > the certificate ./fdl.cluster.yml serves."""
+    text = flag or env.get("FDL_TLS_FINGERPRINT", "")
+    if not text:
+        return cluster_pin
+    try:
+        return normalize(text)
+    except ValueError as exc:
+        raise OptionError("--tls-fingerprint", str(exc)) from None

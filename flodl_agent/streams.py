@@ -1,0 +1,68 @@
+"""The join protocol over asyncio streams: the agent's dial, the one read loop, writes."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+from . import wire
+from .address import join_address
+from .join_protocol import NEED_DATA, Event, JoinClient, JoinServer
+from .pin import PinMismatch, check_pin
+from .retry import Permanent, Transient
+from .tls import client_context
+
+DIAL_TIMEOUT = 10.0
+
+
+async def dial(
+    host: str, port: int, pin: str = "", timeout: float = DIAL_TIMEOUT
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to a controller port; with ``pin``, over TLS with its certificate pinned."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            # A large buffer: the link brings the CPU plane's averages, hundreds of MB a round.
+            asyncio.open_connection(host, port, limit=1 << 22, ssl=client_context() if pin else None),
+            timeout,
+        )
+    except (OSError, asyncio.IncompleteReadError) as exc:
+        if pin and isinstance(exc, ssl.SSLError | ConnectionResetError | asyncio.IncompleteReadError):
+            # Something listens, but the handshake died: a port that does not speak TLS hangs up.
+            raise Transient(
+                f"the TLS handshake with {host}:{port} failed ({type(exc).__name__}: {exc})",
+                "join.tls_fingerprint is set: does this controller serve TLS (cluster.controller.tls)?",
+            ) from None
+        raise Transient(
+            f"cannot reach the controller at {host}:{port}: {exc}",
+            "is a window open? --persist re-dials until one is",
+        ) from None
+    if pin:
+        try:
+            ssl_object = writer.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+            check_pin(der, pin, f"the controller at {join_address(host, port)}")
+        except PinMismatch as exc:
+            writer.close()
+            raise Permanent(exc.message, exc.fix) from None
+    return reader, writer
+
+
+def read_size(wanted: int) -> int:
+    """A frame's size is known from its header: read it in large pieces."""
+    return max(65536, min(wanted, 1 << 24))
+
+
+async def next_event(
+    reader: asyncio.StreamReader, side: JoinClient | JoinServer, timeout: float | None = None
+) -> Event:
+    """The connection's next event, reading as much as it needs (``timeout`` per read)."""
+    while True:
+        event = side.next_event()
+        if event is not NEED_DATA:
+            return event
+        side.receive_data(await asyncio.wait_for(reader.read(read_size(side.wanted)), timeout))
+
+
+def write_parts(writer: asyncio.StreamWriter, parts: list[wire.Blob]) -> None:
+    for part in parts:
+        writer.write(part)  # one write per part: a bulk frame's raw bytes are never joined into a copy

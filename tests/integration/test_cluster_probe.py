@@ -1,0 +1,54 @@
+"""fdl probe across a cluster over real OpenSSH: each worker probes itself as its cluster
+entry describes it, and the set shows what no single box can.
+
+Both reachable "workers" are this machine through a private sshd on loopback; the
+agents run the repository's own fdl.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import free_port
+from tests.support.sshd import Sshd, loopback_cluster
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
+def test_a_cluster_probe_reaches_every_worker_and_finds_what_only_the_set_shows(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "shard-0").write_bytes(b"x")
+    config = yaml.safe_load(loopback_cluster(tmp_path, sshd, free_port()).read_text())
+    a, b = config["cluster"]["workers"]
+    a["data_path"], b["data_path"] = str(data), str(tmp_path / "not-mounted")
+    lost = dict(b, host="fan-lost", ssh=dict(b["ssh"], port=free_port()))  # nothing listens there
+    config["cluster"]["workers"].append(lost)
+    (tmp_path / "fdl.lab.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "fdl"), "@", "lab", "probe", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert not report["ok"]
+    assert sorted(report["hosts"]) == ["(controller)", "fan-a", "fan-b", "fan-lost"]
+    # Each reachable worker probed itself as its cluster entry describes it.
+    assert report["hosts"]["fan-a"]["facts"]["data"]["entries"] == 1
+    assert report["hosts"]["fan-b"]["facts"]["data"]["exists"] is False
+    assert "error" in report["hosts"]["fan-lost"]
+    across = {f["check"]: f for f in report["cluster"]}
+    assert across["reach"]["message"].startswith("fan-lost: not probed")
+    assert across["data"]["level"] == "fail" and "1 entries on fan-a" in across["data"]["message"]

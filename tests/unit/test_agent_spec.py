@@ -1,0 +1,62 @@
+"""The agent spec: a launcher's encoding is what an agent decodes, field for field."""
+
+from __future__ import annotations
+
+import pytest
+
+from flodl_agent.agent_spec import AgentSpec, decode, encode, for_worker
+from flodl_agent.config import Cluster, ClusterBuilder
+from flodl_agent.fanout import plan
+
+
+def _cluster() -> Cluster:
+    return (
+        ClusterBuilder()
+        .controller("10.0.0.1", path="/opt/flodl")
+        .worker(
+            "node-a",
+            local_devices=[0, 1],
+            data_path="/data",
+            env={"A": "1"},
+            nccl_socket_ifname="eth1",
+        )
+        .build()
+    )
+
+
+def test_a_worker_entry_round_trips_through_one_stdin_line() -> None:
+    cluster = _cluster()
+    spec = for_worker(cluster.workers[0])
+    line = encode(spec)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert decode(line.decode()) == spec
+    assert (spec.host, spec.devices, spec.data_path, spec.env, spec.socket_ifname) == (
+        "node-a",
+        "0,1",
+        "/data",
+        {"A": "1"},
+        "eth1",
+    )
+    assert spec.controller_host is None and spec.key is None  # a probe's spec dials nowhere
+
+
+def test_the_fan_out_plan_carries_the_spec_with_where_to_dial_and_the_key() -> None:
+    cluster = _cluster()
+    key = bytes(range(32))
+    p = plan(cluster.workers[0], cluster, 7000, key)
+    spec = decode(p.stdin.decode())
+    assert (spec.controller_host, spec.controller_port, spec.key) == ("10.0.0.1", 7000, key.hex())
+    assert spec.host == "node-a" and spec.devices == "0,1"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["zz", "7b7d7b", AgentSpec().model_dump_json().replace("1337", "0").encode().hex()],
+)
+def test_anything_but_a_hex_encoded_spec_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="agent spec"):
+        decode(bad)
+
+
+def test_unknown_fields_from_a_newer_launcher_are_ignored() -> None:
+    assert decode(b'{"host": "h", "future": 1}'.hex()).host == "h"

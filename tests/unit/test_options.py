@@ -1,0 +1,350 @@
+"""Option resolution, per command: flags > env > the fdl.yml block > defaults (and, for
+`fdl join`, the launcher's spec between the flags and the block)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flodl_agent.agent_spec import AgentSpec
+from flodl_agent.config import Join, Publish
+from flodl_agent.options import (
+    DEFAULT_ADDR,
+    JoinFlags,
+    OptionError,
+    PublishFlags,
+    probe_join,
+    resolve_addr,
+    resolve_join,
+    resolve_pin,
+    resolve_publish,
+)
+
+HOSTNAME = "this-box"
+PIN = "sha256:" + "ab" * 32
+PIN_COLONS = ":".join(["CD"] * 32)  # openssl's spelling of sha256:cdcd…
+ADDR = {"address": "10.9.9.9:9"}  # so a case that is not about the address resolves one
+
+
+def join(flags: dict[str, Any], spec: dict[str, Any], block: dict[str, Any]) -> Any:
+    return resolve_join(
+        JoinFlags(**flags), AgentSpec.model_validate(spec), Join.model_validate(block), HOSTNAME
+    )
+
+
+# Each field of `fdl join`, in its layers: (flag, spec, block, default) as the kwargs that set
+# it there (None: the field has no such layer) and what the resolved value reads as.
+JOIN_LAYERS: list[tuple[str, Any, Any, Any, Any, Any]] = [
+    # field read,      flag layer,                spec layer,              block layer,          values
+    (
+        "host",
+        ({"host": "f"}, "f"),
+        ({"host": "s"}, "s"),
+        ({"host": "b"}, "b"),
+        HOSTNAME,
+        lambda s: s.host,
+    ),
+    (
+        "devices",
+        ({"devices": "0,1"}, "0,1"),
+        ({"devices": "cpu:2"}, "cpu:2"),
+        ({"devices": "cpu:3"}, "cpu:3"),
+        "all",
+        lambda s: str(s.devices),
+    ),
+    (
+        "key",
+        ({"token": "aa" * 16}, bytes.fromhex("aa" * 16)),
+        None,  # the key's spec layer sits under the block's: its own case below
+        ({"token": "bb" * 16}, bytes.fromhex("bb" * 16)),
+        None,
+        lambda s: s.key,
+    ),
+    (
+        "bin",
+        ({"bin": "/f/run"}, "/f/run"),
+        None,
+        ({"bin": "/b/run"}, "/b/run"),
+        None,
+        lambda s: s.bin,
+    ),
+    (
+        "data_path",
+        None,
+        ({"data_path": "/s"}, "/s"),
+        ({"data_path": "/b"}, "/b"),
+        "",
+        lambda s: s.data_path,
+    ),
+    (
+        "socket_ifname",
+        None,
+        ({"socket_ifname": "eth1"}, "eth1"),
+        ({"nccl_socket_ifname": "eth2"}, "eth2"),
+        "",
+        lambda s: s.socket_ifname,
+    ),
+    (
+        "args",
+        ({"args": ("--f",)}, ["--f"]),
+        None,
+        ({"args": ["--b"]}, ["--b"]),
+        [],
+        lambda s: s.args,
+    ),
+    (
+        "tls_fingerprint",
+        ({"pin": PIN_COLONS}, "sha256:" + "cd" * 32),
+        None,
+        ({"tls_fingerprint": PIN}, PIN),
+        "",
+        lambda s: s.tls_fingerprint,
+    ),
+    (
+        "persist",
+        ({"persist": False}, False),
+        None,
+        ({"persist": True}, True),
+        False,
+        lambda s: s.persist,
+    ),
+    (
+        "ssh",
+        ({"ssh": "me@jump:2222"}, ("jump", 2222, "me")),
+        None,
+        ({"ssh": {"target": "door", "user": "ops"}}, ("door", None, "ops")),
+        None,
+        lambda s: (s.ssh.target, s.ssh.port, s.ssh.user) if s.ssh else None,
+    ),
+    (
+        "controller",
+        ({"address": "10.0.0.1:7000"}, ("10.0.0.1", 7000)),
+        ({"controller_host": "fd00::2", "controller_port": 7001}, ("fd00::2", 7001)),
+        ({"controller": "10.0.0.3:7002"}, ("10.0.0.3", 7002)),
+        None,  # no address at all is an error: its own case below
+        lambda s: (s.controller_host, s.controller_port),
+    ),
+]
+
+
+def _join_cases() -> list[Any]:
+    cases = []
+    for name, flag, spec, block, default, read in JOIN_LAYERS:
+        layers = [("flag", flag), ("spec", spec), ("block", block)]
+        present = [(where, layer) for where, layer in layers if layer is not None]
+        # Every layer set, then drop the top one each time: the next one down must win.
+        for i, (where, (_, expected)) in enumerate(present):
+            kwargs: dict[str, dict[str, Any]] = {"flag": {}, "spec": {}, "block": {}}
+            for lower, (setting, _) in present[i:]:
+                kwargs[lower] |= setting
+            cases.append(pytest.param(name, kwargs, expected, read, id=f"{name}-from-{where}"))
+        if name != "controller":
+            cases.append(pytest.param(name, None, default, read, id=f"{name}-default"))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "layers", "expected", "read"), _join_cases())
+def test_join_precedence_flag_then_spec_then_block_then_default(
+    name: str, layers: dict[str, dict[str, Any]] | None, expected: Any, read: Any
+) -> None:
+    layers = layers or {"flag": {}, "spec": {}, "block": {}}
+    flags = layers["flag"] if name == "controller" else ADDR | layers["flag"]
+    settings = join(flags, layers["spec"], layers["block"])
+    assert read(settings) == expected
+
+
+def test_join_key_takes_the_token_then_the_blocks_then_the_specs() -> None:
+    spec = {"key": "cc" * 32}  # the fan-out form: 64 hex
+    assert join(ADDR, spec, {}).key == bytes.fromhex("cc" * 32)
+    assert join(ADDR, spec, {"token": "bb" * 16}).key == bytes.fromhex("bb" * 16)
+    assert join(ADDR | {"token": "aa" * 16}, spec, {"token": "bb" * 16}).key == bytes.fromhex("aa" * 16)
+    assert join(ADDR, {}, {}).key is None  # open admission
+
+
+def test_join_env_merges_the_block_under_the_spec_per_key() -> None:
+    settings = join(ADDR, {"env": {"A": "s", "B": "s"}}, {"env": {"B": "b", "C": "b"}})
+    assert settings.env == {"A": "s", "B": "s", "C": "b"}
+
+
+def test_join_passes_source_and_data_source_through_from_the_block() -> None:
+    block = {"source": {"from": "file:///srv/run"}, "data_path": "/data", "data_source": "sshfs://h:/data"}
+    settings = join({**ADDR}, {}, block)
+    assert settings.source is not None and settings.data_source == "sshfs://h:/data"
+    assert join(ADDR, {}, {}).source is None and join(ADDR, {}, {}).data_source == ""
+
+
+def test_join_an_ssh_forward_defaults_the_address_to_its_loopback_end() -> None:
+    settings = join({"ssh": "jump"}, {}, {})
+    assert (settings.controller_host, settings.controller_port) == ("127.0.0.1", 1337)
+    assert join({}, {}, {"ssh": {"target": "door"}}).controller_host == "127.0.0.1"
+
+
+def test_join_identity_applies_to_the_flag_or_the_blocks_ssh() -> None:
+    key = Path("/k/id")
+    assert join({"ssh": "jump", "identity": key}, {}, {}).ssh.identity_file == "/k/id"
+    assert join({"identity": key}, {}, {"ssh": {"target": "door"}}).ssh.identity_file == "/k/id"
+    assert join(ADDR | {"identity": key}, {}, {}).ssh is None  # no ssh to apply it to
+
+
+def test_join_local_args_the_controller_will_replace_get_a_note() -> None:
+    assert join(ADDR | {"args": ("--x",)}, {}, {}).notes  # the published manifest's args win
+    assert not join(ADDR | {"args": ("--x",)}, {}, {"args": ["--x"]}).notes
+    assert not join(ADDR, {}, {}).notes
+
+
+@pytest.mark.parametrize(
+    ("flags", "param", "kind", "words"),
+    [
+        ({}, "ADDRESS", "refusal", "no controller address"),
+        ({"address": "host:notaport"}, "ADDRESS", "param", "port"),
+        ({"ssh": "me@host:99999"}, "--ssh", "param", "is not [user@]host[:port]"),
+        (ADDR | {"devices": "gpu0"}, "--devices", "refusal", "--devices:"),
+        (ADDR | {"pin": "sha256:xyz"}, "--tls-fingerprint", "param", ""),
+    ],
+)
+def test_join_refusals_name_the_flag(flags: dict[str, Any], param: str, kind: str, words: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        join(flags, {}, {})
+    assert (caught.value.param, caught.value.kind) == (param, kind)
+    assert words in caught.value.message
+    if kind == "refusal" and param == "ADDRESS":
+        assert caught.value.fix and "--ssh" in caught.value.fix
+
+
+def test_probe_join_takes_a_cluster_entry_and_refuses_a_bad_one() -> None:
+    join_block = probe_join(AgentSpec(devices="cpu:2", data_path="/d", socket_ifname="eth0"))
+    assert (str(join_block.devices), join_block.data_path, join_block.nccl_socket_ifname) == (
+        "cpu:2",
+        "/d",
+        "eth0",
+    )
+    with pytest.raises(OptionError) as caught:
+        probe_join(AgentSpec(data_path="relative"))
+    assert caught.value.kind == "refusal" and "cluster entry" in caught.value.message
+
+
+# --- fdl publish -----------------------------------------------------------------------------
+
+SRC_FLAG, SRC_BLOCK = "file:///flag/tree", "file:///block/tree"
+
+PUBLISH_LAYERS: list[tuple[str, Any, Any, Any, Any]] = [
+    (
+        "source",
+        ({"spec": SRC_FLAG}, "/flag/tree"),
+        ({"source": SRC_BLOCK}, "/block/tree"),
+        None,
+        lambda r: r.source.path,
+    ),
+    ("bin", ({"bin": "f"}, "f"), ({"bin": "b"}, "b"), None, lambda r: r.bin),
+    ("cwd", ({"cwd": "f"}, "f"), ({"cwd": "b"}, "b"), ".", lambda r: r.cwd),
+    ("build", ({"build": "make f"}, "make f"), ({"build": "make b"}, "make b"), None, lambda r: r.build),
+    (
+        "served",
+        ({"served": Path("/f")}, Path("/f")),
+        ({"to": "/b"}, Path("/b")),
+        Path("~/.flodl/run"),
+        lambda r: r.served,
+    ),
+    (
+        "identity",
+        ({"identity": Path("/f/k")}, Path("/f/k")),
+        ({"identity": "~/b/k"}, Path("~/b/k")),
+        None,
+        lambda r: r.identity,
+    ),
+    (
+        "model_probe",
+        ({"model_probe": False}, False),
+        ({"model_probe": True}, True),
+        False,
+        lambda r: r.model_probe,
+    ),
+    ("args", ({"tail": ("--f",)}, ["--f"]), ({"args": ["--b"]}, ["--b"]), [], lambda r: r.args),
+]
+
+
+def _publish_cases() -> list[Any]:
+    cases = []
+    for name, (flag, from_flag), (block, from_block), default, read in PUBLISH_LAYERS:
+        base = {} if name == "source" else {"spec": SRC_FLAG}
+        cases.append(pytest.param(base | flag, block, from_flag, read, id=f"{name}-from-flag"))
+        cases.append(pytest.param(base, block, from_block, read, id=f"{name}-from-block"))
+        if name != "source":
+            cases.append(pytest.param(base, {}, default, read, id=f"{name}-default"))
+    return cases
+
+
+@pytest.mark.parametrize(("flags", "block", "expected", "read"), _publish_cases())
+def test_publish_precedence_flag_then_block_then_default(
+    flags: dict[str, Any], block: dict[str, Any], expected: Any, read: Any
+) -> None:
+    assert read(resolve_publish(PublishFlags(**flags), Publish.model_validate(block))) == expected
+
+
+def test_publish_an_empty_tail_still_replaces_the_blocks_args() -> None:
+    block = Publish.model_validate({"args": ["--b"]})
+    assert resolve_publish(PublishFlags(spec=SRC_FLAG, tail=()), block).args == []
+    assert resolve_publish(PublishFlags(spec=SRC_FLAG, no_build=True), block).no_build
+
+
+@pytest.mark.parametrize(
+    ("flags", "param", "kind"),
+    [({}, "SPEC", "usage"), ({"spec": "ftp://nope"}, "SPEC", "param")],
+)
+def test_publish_refusals_name_the_source(flags: dict[str, Any], param: str, kind: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        resolve_publish(PublishFlags(**flags), Publish())
+    assert (caught.value.param, caught.value.kind) == (param, kind)
+
+
+# --- fdl status / fdl start ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "controller", "expected", "note"),
+    [
+        ("10.0.0.1:7000", ("10.0.0.2", 7001), "10.0.0.1:7000", None),
+        (None, ("10.0.0.2", 7001), "10.0.0.2:7001", "controller from /p/fdl.cluster.yml"),
+        (None, ("0.0.0.0", 7001), "127.0.0.1:7001", "controller from /p/fdl.cluster.yml"),
+        (None, ("::", 7001), "[::1]:7001", "controller from /p/fdl.cluster.yml"),
+        (None, None, DEFAULT_ADDR, f"no --addr and no ./fdl.cluster.yml: trying {DEFAULT_ADDR}"),
+    ],
+)
+def test_status_address_flag_then_cluster_file_then_default(
+    flag: str | None, controller: tuple[str, int] | None, expected: str, note: str | None
+) -> None:
+    assert resolve_addr(flag, controller, "/p/fdl.cluster.yml") == (expected, note)
+
+
+CLUSTER_PIN = "sha256:" + "ee" * 32
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "cluster_pin", "expected"),
+    [
+        (PIN_COLONS, {"FDL_TLS_FINGERPRINT": PIN}, CLUSTER_PIN, "sha256:" + "cd" * 32),
+        (None, {"FDL_TLS_FINGERPRINT": PIN}, CLUSTER_PIN, PIN),
+        (None, {}, CLUSTER_PIN, CLUSTER_PIN),
+        (None, {"FDL_TLS_FINGERPRINT": ""}, None, None),
+    ],
+)
+def test_status_pin_flag_then_env_then_cluster_certificate(
+    flag: str | None, env: dict[str, str], cluster_pin: str | None, expected: str | None
+) -> None:
+    assert resolve_pin(flag, env, cluster_pin) == expected
+
+
+def test_status_a_bad_pin_names_the_flag() -> None:
+    with pytest.raises(OptionError) as caught:
+        resolve_pin(None, {"FDL_TLS_FINGERPRINT": "nope"}, None)
+    assert caught.value.param == "--tls-fingerprint"
+
+
+def test_the_resolvers_import_neither_click_nor_asyncio() -> None:
+    code = "import sys, flodl_agent.options; print(sorted({'click', 'asyncio'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
