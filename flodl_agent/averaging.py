@@ -34,6 +34,9 @@ import numpy as np
 
 from . import wire
 from .hub import decode, encode
+from .messages import Average, BadMessage
+from .messages import parse as parse_message
+from .streams import next_frame
 
 DATA_MAX = wire.LINK_MAX  # one frame of parameters on a host's link
 ENV_PORT, ENV_KEY, ENV_DIR = "FLODL_AVERAGE_PORT", "FLODL_AVERAGE_KEY", "FLODL_AVERAGE_DIR"
@@ -230,21 +233,19 @@ class AverageRelay:
         codec = wire.Codec(self.key, max_payload=LOOPBACK_MAX)
         rank: int | None = None
         try:
-            while data := await reader.read(65536):
-                codec.feed(data)
-                for frame in codec.frames():
-                    if frame.kind is not wire.Kind.AVERAGE:
-                        continue
-                    body = frame.body
-                    rank = int(body.get("rank", -1))
-                    if rank not in self._alive:
-                        return  # not one of this host's ranks: drop the connection
-                    self._writers[rank] = (writer, codec)
-                    pending = self._rounds.setdefault(int(body["round"]), _Pending())
-                    pending.pushes[rank] = (float(body.get("weight", 0.0)), int(body.get("size", 0)))
-                    pending.bf16 = pending.bf16 or bool(body.get("bf16"))
-                    self._fold_ready()
-        except (wire.Dropped, ConnectionError, KeyError, TypeError, ValueError):
+            while (frame := await next_frame(reader, codec)) is not None:
+                pushed = parse_message(frame)
+                if not isinstance(pushed, Average):
+                    continue
+                rank = pushed.rank
+                if rank not in self._alive:
+                    return  # not one of this host's ranks: drop the connection
+                self._writers[rank] = (writer, codec)
+                pending = self._rounds.setdefault(pushed.round, _Pending())
+                pending.pushes[rank] = (pushed.weight, pushed.size)
+                pending.bf16 = pending.bf16 or pushed.bf16
+                self._fold_ready()
+        except (wire.Dropped, BadMessage, ConnectionError):
             pass  # a wrong key or a broken frame from loopback: that rank's connection ends
         finally:
             if rank is not None:

@@ -63,6 +63,19 @@ async def next_event(
         side.receive_data(await asyncio.wait_for(reader.read(read_size(side.wanted)), timeout))
 
 
+async def next_frame(
+    reader: asyncio.StreamReader, codec: wire.Codec, timeout: float | None = None
+) -> wire.Frame | None:
+    """The next verified frame on a connection without a handshake (a rank's loopback
+    connection to its agent's relay); None at EOF."""
+    while (frame := codec.next_frame()) is None:
+        data = await asyncio.wait_for(reader.read(read_size(codec.wanted)), timeout)
+        if not data:
+            return None
+        codec.feed(data)
+    return frame
+
+
 def write_parts(writer: asyncio.StreamWriter, parts: list[wire.Blob]) -> None:
     for part in parts:
         writer.write(part)  # one write per part: a bulk frame's raw bytes are never joined into a copy
