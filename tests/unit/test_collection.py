@@ -174,3 +174,21 @@ def test_mount_unit_names_match_systemd_escape() -> None:
         assert flt.mount_unit(path) == want, path
     with pytest.raises(ValueError, match="absolute"):
         flt.mount_unit("relative/path")
+
+
+def test_the_collection_carries_what_galaxy_publishes() -> None:
+    """galaxy.yml, meta/runtime.yml and the changelog agree (`make collection` builds it)."""
+    import yaml
+
+    root = PLUGINS.parent
+    galaxy = yaml.safe_load((root / "galaxy.yml").read_text())
+    assert galaxy["repository"] and galaxy["tags"]
+    assert yaml.safe_load((root / "meta" / "runtime.yml").read_text())["requires_ansible"].startswith(">=")
+    releases = yaml.safe_load((root / "changelogs" / "changelog.yaml").read_text())["releases"]
+    assert galaxy["version"] in releases, "a new collection version needs its changelogs/changelog.yaml entry"
+    listed = {m["name"] for release in releases.values() for m in release.get("modules", [])}
+    for release in releases.values():
+        listed |= {p["name"] for kind in release.get("plugins", {}).values() for p in kind}
+    # a filter file may hold several filters; a module or an inventory plugin is named after its file
+    shipped = {p.stem for kind in ("modules", "inventory") for p in (PLUGINS / kind).glob("*.py")}
+    assert shipped and shipped <= listed, f"not in changelogs/changelog.yaml: {shipped - listed}"
