@@ -8,34 +8,9 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# Re-exported for the importers that still name them here; new code imports .address.
-from .address import (
-    BIND_ALL,
-    AddressError,
-    is_bind_all,
-    is_loopback,
-    join_address,
-    local_address,
-    split_address,
-)
-
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = [
-    "BIND_ALL",
-    "DEAD_MOUNT",
-    "KEEPALIVE",
-    "AddressError",
-    "is_bind_all",
-    "is_loopback",
-    "join_address",
-    "keepalive",
-    "local_address",
-    "socket_ifnames",
-    "split_address",
-    "ssh_argv",
-]
 
 # A peer that vanishes without a FIN (power cut, pulled cable, dead VM) is
 # noticed after about a minute instead of never.

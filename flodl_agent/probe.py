@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .address import join_address, split_address
 from .config.models import Cluster, Join
 from .gpus import Card, Torch, discover, read_torch
-from .net import DEAD_MOUNT, join_address, socket_ifnames, split_address
+from .net import DEAD_MOUNT, socket_ifnames
 from .offer import kernel_gap
 from .retry import AgentFailure
 from .status import Unreachable, request

@@ -16,21 +16,7 @@ import ssl
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-# The pin itself is pure and lives in .pin; re-exported for the importers that name it here.
-from .pin import FINGERPRINT, PinMismatch, check_pin, cleartext_warning, fingerprint, normalize
-
-__all__ = [
-    "FINGERPRINT",
-    "PinMismatch",
-    "cert_fingerprint",
-    "check_pin",
-    "cleartext_warning",
-    "client_context",
-    "fingerprint",
-    "generate",
-    "normalize",
-    "server_context",
-]
+from .pin import fingerprint
 
 
 def cert_fingerprint(cert: Path) -> str:

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from flodl_agent.address import split_address
 from flodl_agent.agent import AgentFailure, AgentOptions, Attempt
 from flodl_agent.agent_spec import decode
 from flodl_agent.box import box_offer
 from flodl_agent.config import DeviceOffer
 from flodl_agent.messages import HostEnvelope, WorldFormed
-from flodl_agent.net import split_address
 from flodl_agent.offer import Offer
 
 
