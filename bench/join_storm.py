@@ -281,7 +281,7 @@ async def sample_status(port: int, watch: Watch, stop: asyncio.Event) -> None:
     while not stop.is_set():
         started = time.perf_counter()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /state.json HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /state.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         data = await reader.read()  # the server closes after each reply
         watch.status_s.append(time.perf_counter() - started)
         writer.close()

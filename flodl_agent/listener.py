@@ -50,6 +50,12 @@ class Timeouts:
 OnJoin = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str, Callable[[], None]], Awaitable[None]]
 
 
+def this_host(bind: str) -> http_surface.HostPolicy:
+    """The names a browser may use for this controller: the bind name and this box's names."""
+    names = {socket.gethostname(), socket.getfqdn(), bind}
+    return http_surface.HostPolicy(frozenset(n.lower() for n in names if n))
+
+
 class Listener:
     def __init__(
         self,
@@ -58,6 +64,7 @@ class Listener:
         *,
         on_join: OnJoin,
         routes: http_surface.Routes,
+        hosts: http_surface.HostPolicy | None = None,
         tls: tuple[str, str] | None = None,
         timeouts: Timeouts = Timeouts(),
         clock: Callable[[], float] = time.monotonic,
@@ -67,6 +74,7 @@ class Listener:
         self.port = port
         self.on_join = on_join
         self.routes = routes
+        self.hosts = hosts if hosts is not None else this_host(bind)
         self.tls = tls
         self.timeouts = timeouts
         self.clock = clock
@@ -192,6 +200,7 @@ class Listener:
                 limits=self.timeouts.http,
                 bad=lambda cause: self.bad(peer, cause),
                 clock=self.clock,
+                policy=self.hosts,
             )
         elif channel is wire.Channel.JOIN:
             await self.on_join(reader, writer, peer, settle)

@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 from rich.table import Table
 from rich.text import Text
 
-from .address import split_address
+from .address import join_address, split_address
 from .pin import PinMismatch, check_pin
 from .tls import client_context
 
@@ -63,11 +63,14 @@ def request(
     body = urlencode(form).encode() if form else None
     headers = {"content-type": "application/x-www-form-urlencoded"} if body else {}
     try:
+        conn.connect()
+        sock = conn.sock
         if pin:
-            conn.connect()
-            sock = conn.sock
             der = sock.getpeercert(binary_form=True) if isinstance(sock, ssl.SSLSocket) else None
             check_pin(der, pin, f"the controller at {addr}")
+        # Name the controller by the address we reached: the status surface answers only
+        # names it knows (a browser's rebound DNS name must not read it), and fdl is no browser.
+        headers["host"] = join_address(str(sock.getpeername()[0]), port)
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         raw = response.read()

@@ -68,7 +68,8 @@ class Channel(Enum):
     HTTP = b"HTTP"  # not a preamble: any of HTTP_METHODS
 
 
-HTTP_METHODS = frozenset({b"GET ", b"POST", b"HEAD"})
+# The first four bytes of every HTTP method: the status surface answers the others 405.
+HTTP_METHODS = frozenset({b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"PATC", b"OPTI"})
 
 
 def classify(preamble: bytes) -> Channel | None:

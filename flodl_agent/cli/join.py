@@ -43,7 +43,7 @@ def _join_block(config_file: Path | None) -> Join:
     return load(path, None, False).config.join or Join()
 
 
-@click.command(name="join", context_settings={"ignore_unknown_options": True})
+@click.command(name="join")
 @click.argument("address", required=False)
 @click.option(
     "--config",

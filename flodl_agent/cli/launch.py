@@ -46,7 +46,7 @@ def _max_failure(value: str) -> str:
         raise click.BadParameter(str(exc), param_hint="--max-failure") from None
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.command(context_settings={"allow_interspersed_args": False})
 @click.option(
     "--config",
     "config_file",

@@ -79,15 +79,19 @@ async def walk_ins(ctl: Controller, *boxes: tuple[str, int], log: list[str] | No
     return list(await asyncio.gather(*(walk_in(agent(ctl, host, cpus), log) for host, cpus in boxes)))
 
 
-def get_json(ctl: Controller, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any]]:
+def get_json(
+    ctl: Controller, method: str, path: str, body: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=5)
-    headers = {"content-type": "application/x-www-form-urlencoded"} if body else {}
-    conn.request(method, path, body=body, headers=headers)
+    sent = {"content-type": "application/x-www-form-urlencoded"} if body else {}
+    conn.request(method, path, body=body, headers=sent | (headers or {}))
     response = conn.getresponse()
     data = json.loads(response.read())
     conn.close()
     return response.status, data
 
 
-async def api(ctl: Controller, method: str, path: str, body: str | None = None) -> tuple[int, dict[str, Any]]:
-    return await asyncio.to_thread(get_json, ctl, method, path, body)
+async def api(
+    ctl: Controller, method: str, path: str, body: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    return await asyncio.to_thread(get_json, ctl, method, path, body, headers)

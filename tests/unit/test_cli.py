@@ -193,3 +193,34 @@ def test_the_default_project_file_is_spelled_once() -> None:
     package = Path(common.__file__).parent
     spelled = [p.name for p in package.glob("*.py") for _ in range(p.read_text().count('"fdl.yml"'))]
     assert spelled == ["common.py"]
+
+
+@pytest.mark.parametrize(
+    "argv, typo, meant",
+    [
+        (
+            ["launch", "--config", "x.yml", "--max-failur", "1", "--", "python", "train.py"],
+            "--max-failur",
+            "--max-failure",
+        ),
+        (["launch", "--prot", "1", "python", "train.py"], "--prot", "--port"),
+        (["join", "127.0.0.1:1337", "--devcies", "cpu:1"], "--devcies", "--devices"),
+        (["join", "127.0.0.1:1337", "--devices", "cpu:1", "--hots", "w1"], "--hots", "--host"),
+    ],
+)
+def test_a_typo_before_the_command_is_a_usage_error_not_part_of_a_run(
+    argv: list[str], typo: str, meant: str
+) -> None:
+    result = CliRunner().invoke(cli.cli, argv)
+    assert result.exit_code == 2
+    assert f"No such option '{typo}'" in result.output and f"Did you mean '{meant}'" in result.output
+
+
+def test_options_after_the_command_or_after_dashes_are_the_run_s() -> None:
+    ctx = cli.cli.make_context("fdl", ["launch", "--port", "0", "python", "train.py", "--lr", "1"])
+    launch = ctx.command.get_command(ctx, "launch")  # type: ignore[attr-defined]
+    sub = launch.make_context("launch", ["--port", "0", "python", "train.py", "--lr", "1"])
+    assert sub.params["command"] == ("python", "train.py", "--lr", "1") and sub.params["port"] == 0
+    join = ctx.command.get_command(ctx, "join")  # type: ignore[attr-defined]
+    sub = join.make_context("join", ["127.0.0.1:1", "--devices", "cpu:1", "--", "--lr", "1"])
+    assert sub.params["args"] == ("--lr", "1") and sub.params["devices"] == "cpu:1"

@@ -133,7 +133,9 @@ def test_payloads_must_be_maps_without_extension_types() -> None:
         (b"POST", wire.Channel.HTTP),
         (b"HTTP", None),
         (b"\x00\x00\x00\x00", None),
-        (b"PUT ", None),
+        (b"PUT ", wire.Channel.HTTP),  # answered 405 by the status surface
+        (b"OPTI", wire.Channel.HTTP),
+        (b"PUTS", None),
     ],
 )
 def test_preamble_selects_the_channel(preamble: bytes, channel: wire.Channel | None) -> None:
