@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from flodl_agent.config import validate_data
+from tests.support.ansible import plain
 
 ROOT = Path(__file__).parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -42,16 +43,6 @@ def ansible(tool: str, *args: str | Path) -> subprocess.CompletedProcess[str]:
         check=False,
         timeout=120,
     )
-
-
-def plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
 
 
 def inventory(source: Path) -> dict[str, Any]:

@@ -13,21 +13,12 @@ import pytest
 import yaml
 
 from flodl_agent.config import validate_data
+from tests.support.ansible import plain
 
 ROOT = Path(__file__).parents[2]
 ANSIBLE_INVENTORY = ROOT / ".venv" / "bin" / "ansible-inventory"
 
 pytestmark = pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible is not installed in .venv")
-
-
-def plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
 
 
 def inventory(source: Path) -> dict[str, Any]:
