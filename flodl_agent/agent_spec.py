@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from .config import Worker
+from .config.fields import Variant
 from .credentials import SPEC_KEY_PATTERN
 
 
@@ -26,6 +27,11 @@ class AgentSpec(BaseModel):
     data_path: str = ""
     env: dict[str, str] = Field(default_factory=dict)
     socket_ifname: str = Field("", max_length=256)
+    # cluster.workers[].arch: the torch variant sub-path (under a libtorch root) the agent and
+    # its ranks should run from. Fan-out already execs <path>/libtorch/<arch>/bin/fdl when it
+    # exists; an agent that finds itself elsewhere may re-exec into the variant's fdl. Unset:
+    # run where started. Validated as arch is (no absolute path, no `..`): it names a path.
+    libtorch: Variant | None = None
 
 
 def for_worker(worker: Worker, **dial: object) -> AgentSpec:
@@ -38,6 +44,7 @@ def for_worker(worker: Worker, **dial: object) -> AgentSpec:
             "data_path": worker.data_path or "",
             "env": worker.env,
             "socket_ifname": worker.nccl_socket_ifname or "",
+            **({"libtorch": worker.arch} if worker.arch else {}),
             **dial,
         }
     )

@@ -149,7 +149,7 @@ def _data(workers: list[Report]) -> list[Finding]:
 
 
 async def _probe_worker(worker: Worker, path: str | None, timeout: float) -> Report:
-    argv = [*worker_ssh(worker), run_fdl(path, "probe --json --no-dial --spec-stdin")]
+    argv = [*worker_ssh(worker), run_fdl(path, "probe --json --no-dial --spec-stdin", worker.arch)]
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,

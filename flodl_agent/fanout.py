@@ -68,7 +68,7 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
     tag = orphan_tag(f"{ctl_host}:{port}", worker)
     spec = for_worker(worker, controller_host=dial_host, controller_port=port, key=key.hex())
     argv = worker_ssh(worker, extra)
-    argv.append(remote_command(tag, worker.path or cluster.controller.path))
+    argv.append(remote_command(tag, worker.path or cluster.controller.path, worker.arch))
     return Plan(worker.host, argv, encode(spec))
 
 
@@ -85,28 +85,65 @@ def worker_ssh(worker: Worker, extra: list[str] | tuple[str, ...] = ()) -> list[
     )
 
 
-def run_fdl(path: str | None, subcommand: str) -> str:
-    """The shell line that runs ``fdl SUBCOMMAND`` on a worker: the checkout's venv when
-    ``path`` has one, else the fdl on PATH."""
-    lines = []
+# The worker role's home (flodl_worker_home's default), which holds libtorch/<variant>: where
+# a worker with an ``arch`` but no checkout ``path`` finds its variant's venv.
+ROLE_HOME = "/opt/flodl"
+
+
+def fdl_candidates(path: str | None, arch: str | None = None) -> list[str]:
+    """The fdl executables a worker tries, in order, before the one on PATH.
+
+    - ``arch`` with ``path``: ``<path>/libtorch/<arch>/bin/fdl`` (the variant's venv under
+      the checkout, as ``cluster.workers[].arch`` documents), then the checkout's
+      ``venv``/``.venv``.
+    - ``arch`` without ``path`` (neither the worker nor the controller names one): the worker
+      role's layout, ``/opt/flodl/libtorch/<arch>/bin/fdl``. The role's home is configurable
+      (``flodl_worker_home``); a box provisioned with another home sets ``path`` to it.
+    - ``path`` without ``arch``: the checkout's ``venv``/``.venv``, as before ``arch`` counted.
+
+    Each candidate is a plain, unquoted path; :func:`run_fdl` quotes it.
+    """
     candidates = []
+    if arch:
+        candidates.append(f"{path or ROLE_HOME}/libtorch/{arch}/bin/fdl")
     if path:
-        quoted = shlex.quote(path)
-        lines.append(f"cd {quoted} 2>/dev/null")
-        candidates = [f"{quoted}/venv/bin/fdl", f"{quoted}/.venv/bin/fdl"]
-    finder = "".join(f"[ -x {c} ] && exec {c} {subcommand}; " for c in candidates)
-    lines.append(f"{finder}exec fdl {subcommand}")
+        candidates += [f"{path}/venv/bin/fdl", f"{path}/.venv/bin/fdl"]
+    return candidates
+
+
+def run_fdl(path: str | None, subcommand: str, arch: str | None = None) -> str:
+    """The shell line that runs ``fdl SUBCOMMAND`` on a worker: the first executable of
+    :func:`fdl_candidates` (the ``arch`` variant's venv first), else the fdl on PATH.
+
+    The agent's ranks run with its interpreter's venv first on PATH, so exec-ing the
+    variant's fdl is what makes the rank children use that variant. When ``arch`` is set
+    but its fdl is missing, the line says so on stderr (the fan-out log shows it) and falls
+    back; the spec's ``libtorch`` field still names the variant for the agent to act on.
+    ``subcommand`` is shell text the caller owns (it may use ``$T``); every path is quoted.
+    """
+    lines = []
+    if path:
+        lines.append(f"cd {shlex.quote(path)} 2>/dev/null")
+    steps = []
+    for i, candidate in enumerate(fdl_candidates(path, arch)):
+        quoted = shlex.quote(candidate)
+        steps.append(f"[ -x {quoted} ] && exec {quoted} {subcommand}")
+        if arch and i == 0:
+            warning = shlex.quote(f"fdl: no {candidate}: falling back (not the {arch} variant)")
+            steps.append(f"printf '%s\\n' {warning} >&2")  # printf: no escapes read in it
+    lines += [*steps, f"exec fdl {subcommand}"]
     return "; ".join(lines)
 
 
-def remote_command(tag: str, path: str | None) -> str:
-    """The shell line the worker runs: kill orphans, find fdl, read the spec from stdin.
+def remote_command(tag: str, path: str | None, arch: str | None = None) -> str:
+    """The shell line the worker runs: kill orphans, find fdl (``arch``'s variant first:
+    see :func:`fdl_candidates`), read the spec from stdin.
 
     The tag's value appears only in the assignment, never after ``--tag``: a
     pkill pattern must not match the very shell (or ssh client) carrying it.
     """
     orphans = [f"T={tag}", 'pkill -f "fdl join --spec-stdin --tag $T" 2>/dev/null']
-    return "; ".join([*orphans, run_fdl(path, 'join --spec-stdin --tag "$T"')])
+    return "; ".join([*orphans, run_fdl(path, 'join --spec-stdin --tag "$T"', arch)])
 
 
 class Fanout:

@@ -165,6 +165,16 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
     )
 
 
+def resolve_libtorch(flag: str | None, block: Join) -> str | None:
+    """--libtorch > join.libtorch; None: the running venv runs the join, as it always did."""
+    if flag is None:
+        return block.libtorch
+    try:
+        return Join.model_validate({"libtorch": flag}).libtorch
+    except ValidationError as exc:
+        raise OptionError("--libtorch", first_error(exc)) from None
+
+
 def probe_join(spec: AgentSpec) -> Join:
     """`fdl probe --spec-stdin`: this box as its cluster entry describes it."""
     try:

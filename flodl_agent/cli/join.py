@@ -19,7 +19,9 @@ from ..agent import AgentOptions
 from ..agent import join as run_join
 from ..agent_spec import AgentSpec, decode
 from ..config import Join
-from ..options import JoinFlags, OptionError, resolve_join
+from ..libtorch import reexec, settle
+from ..options import JoinFlags, OptionError, resolve_join, resolve_libtorch
+from ..retry import AgentFailure
 from .common import err, fail, load, log, option_error, project_file, token_or_exit
 
 
@@ -43,6 +45,30 @@ def _join_block(config_file: Path | None) -> Join:
     return load(path, None, False).config.join or Join()
 
 
+def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> None:
+    """join.libtorch / --libtorch: become the chosen variant's fdl when it is not this one.
+    A CPU offer (--devices / join.devices cpu:N) makes ``auto`` a CPU box's choice."""
+    try:
+        wanted = resolve_libtorch(flag, block)
+    except OptionError as exc:
+        option_error("join", exc)
+    if wanted is None:
+        return
+    try:
+        cpu_offer = (
+            devices.startswith("cpu")
+            if devices is not None
+            else bool(block.devices and block.devices.kind == "cpu")
+        )
+        target = settle(wanted, block.torch_sources, log, cpu_offer=cpu_offer)
+        if target is not None:
+            variant, venv = target
+            log(f"libtorch {wanted}: running the join from {venv}")
+            reexec(venv, sys.argv, variant)
+    except AgentFailure as exc:
+        fail("join", exc.message, exc.fix or None, exc.code)
+
+
 @click.command(name="join")
 @click.argument("address", required=False)
 @click.option(
@@ -63,6 +89,11 @@ def _join_block(config_file: Path | None) -> Join:
 @click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N (default: every GPU).")
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
 @click.option("--bin", "entry", help="Local path of the run's entry point on this box.")
+@click.option(
+    "--libtorch",
+    metavar="VARIANT",
+    help="Torch variant to run in: auto | cpu | cuNNN | rocmX.Y (acquired when missing).",
+)
 @click.option("--backoff", type=click.FloatRange(0.1, 60), default=5.0, hidden=True)
 @click.option("--spec-stdin", is_flag=True, hidden=True, help="Read a launcher's agent spec from stdin.")
 @click.option("--tag", hidden=True, help="Marks a fan-out agent so the next launch can clean up orphans.")
@@ -78,6 +109,7 @@ def join_cmd(
     devices: str | None,
     persist: bool | None,
     entry: str | None,
+    libtorch: str | None,
     backoff: float,
     spec_stdin: bool,
     tag: str | None,
@@ -90,6 +122,8 @@ def join_cmd(
     """
     # A launcher's spec is the whole story: a stray ./fdl.yml on the worker must not reroute it.
     block = Join() if spec_stdin else _join_block(config_file)
+    # Before stdin is read (a --token - or --spec-stdin line): the re-exec'd agent reads it.
+    pick_variant(libtorch, block, devices)
     spec = read_spec(spec_stdin)
     flags = JoinFlags(
         address=address,

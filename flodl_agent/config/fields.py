@@ -186,8 +186,11 @@ def _ssh_option(value: str) -> str:
     return value
 
 
+TORCH_VARIANT = re.compile(r"cpu|cu\d{3}|rocm\d+(\.\d+)*")  # a concrete variant: no auto
+
+
 def _libtorch(value: str) -> str:
-    if not re.fullmatch(r"auto|cpu|cu\d{3}|rocm\d+(\.\d+)*", value):
+    if value != "auto" and not TORCH_VARIANT.fullmatch(value):
         raise fail(
             (
                 (),
@@ -195,6 +198,30 @@ def _libtorch(value: str) -> str:
                 "use auto, cpu, a CUDA variant like cu126 or cu128, or a ROCm one like rocm6.4",
             )
         )
+    return value
+
+
+def _torch_sources(value: dict[str, str]) -> dict[str, str]:
+    rules: list[Rule] = []
+    for key, where in value.items():
+        if not TORCH_VARIANT.fullmatch(key):
+            rules.append(
+                (
+                    (key,),
+                    f"`{key}` is not a torch variant",
+                    "key each source by a variant: cpu, cu126, rocm6.4 (auto is a choice, not a source)",
+                )
+            )
+        elif not (re.match(r"https?://[^/\s]+", where) or where.startswith("/")):
+            rules.append(
+                (
+                    (key,),
+                    f"`{where}` is neither an http(s):// index URL nor an absolute path",
+                    "write a pip index URL (https://download.pytorch.org/whl/cu126) or the absolute "
+                    "path of a wheelhouse directory",
+                )
+            )
+    check(rules)
     return value
 
 
@@ -259,6 +286,7 @@ Seconds = Annotated[int, Field(gt=0)]
 Ranks = Annotated[int, Field(ge=1)]
 SshOption = Annotated[str, AfterValidator(_ssh_option)]
 Libtorch = Annotated[str, AfterValidator(_libtorch)]
+TorchSources = Annotated[dict[str, str], AfterValidator(_torch_sources)]
 SourceSpecText = Annotated[str, AfterValidator(_spec(parse_source))]
 DataSourceText = Annotated[str, AfterValidator(_spec(parse_data_source))]
 ControllerAddress = Annotated[str, AfterValidator(_controller_address)]

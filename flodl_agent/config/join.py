@@ -19,6 +19,7 @@ from .fields import (
     Share,
     SourceSpecText,
     Token,
+    TorchSources,
     check,
 )
 from .problems import Rule
@@ -51,7 +52,13 @@ class Join(Model):
         None, description="mount data_path read-only from here when it is not there"
     )
     gpu_ram_share: Share | None = Field(None, description="APU boxes: RAM fraction the GPU claims")
-    libtorch: Libtorch | None = Field(None, description="torch variant: auto, cpu, cu126, rocm6.4…")
+    libtorch: Libtorch | None = Field(
+        None, description="torch variant: auto, cpu, cu126, rocm6.4…; picked (and acquired) at join"
+    )
+    torch_sources: TorchSources = Field(
+        default_factory=dict,
+        description="where join acquires a variant: variant -> pip index URL or wheelhouse dir",
+    )
     source: Source | None = Field(None, description="fetch and build the entry point here")
     nccl_socket_ifname: IfName | None = Field(None, description="network interface for NCCL/gloo")
     env: Env = Field(default_factory=dict, description="environment for this box's ranks")

@@ -105,3 +105,35 @@ def test_host_key_downgrades_are_dropped_not_passed_on(tmp_path: Path) -> None:
     node_b = back["_meta"]["hostvars"]["node-b"]
     assert node_b["ansible_ssh_common_args"] == "-o ProxyJump=bastion"
     assert "dropped `StrictHostKeyChecking=no`" in stderr
+
+
+def test_arch_docker_and_tunnel_are_carried_as_worker_vars(tmp_path: Path) -> None:
+    (tmp_path / "fdl.cluster.yml").write_text(
+        yaml.safe_dump(
+            {
+                "cluster": {
+                    "controller": {"host": "10.0.0.10"},
+                    "workers": [
+                        {"host": "gpu-a", "nccl_socket_ifname": "eth0", "arch": "cu126", "docker": "cuda"},
+                        {"host": "amd-b", "nccl_socket_ifname": "eth0", "arch": "rocm6.4", "tunnel": True},
+                        {"host": "odd-c", "nccl_socket_ifname": "eth0", "arch": "precompiled/cu128"},
+                        {"host": "bare-d", "nccl_socket_ifname": "eth0"},
+                    ],
+                }
+            }
+        )
+    )
+    (tmp_path / "x.fdl_cluster.yml").write_text("plugin: flodl.cluster.fdl_cluster\npath: fdl.cluster.yml\n")
+    back, stderr = inventory(tmp_path / "x.fdl_cluster.yml")
+    got = back["_meta"]["hostvars"]
+    carried = ("flodl_worker_libtorch", "flodl_worker_docker", "flodl_worker_tunnel")
+    assert {k: got["gpu-a"].get(k) for k in carried} == dict(
+        zip(carried, ["cu126", "cuda", None], strict=True)
+    )
+    assert {k: got["amd-b"].get(k) for k in carried} == dict(
+        zip(carried, ["rocm6.4", None, True], strict=True)
+    )
+    # a variant sub-path has no worker-role equivalent: left out, and said so
+    assert not any(k in got["odd-c"] for k in carried)
+    assert "odd-c: arch `precompiled/cu128` is not a variant the worker role installs" in stderr
+    assert not any(k in got["bare-d"] for k in carried)

@@ -60,3 +60,17 @@ def test_anything_but_a_hex_encoded_spec_is_refused(bad: str) -> None:
 
 def test_unknown_fields_from_a_newer_launcher_are_ignored() -> None:
     assert decode(b'{"host": "h", "future": 1}'.hex()).host == "h"
+
+
+def test_a_workers_arch_travels_as_the_specs_libtorch() -> None:
+    cluster = ClusterBuilder().controller("10.0.0.1").worker("node-a", arch="precompiled/cu128").build()
+    spec = decode(encode(for_worker(cluster.workers[0])).decode())
+    assert spec.libtorch == "precompiled/cu128"
+    unset = encode(for_worker(_cluster().workers[0]))
+    assert b"libtorch" not in bytes.fromhex(unset.decode())  # no arch: the field stays out
+
+
+@pytest.mark.parametrize("bad", ["/opt/flodl/libtorch/cu126", "../cu126", "cu126//x", ""])
+def test_a_libtorch_that_is_not_a_variant_sub_path_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="agent spec"):
+        decode(AgentSpec().model_dump_json().replace("}", f', "libtorch": "{bad}"}}').encode().hex())

@@ -41,6 +41,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.supervision": IO_MODULES,
     "flodl_agent.retry": IO_MODULES,
     "flodl_agent.offer": PYDANTIC,
+    "flodl_agent.variants": PYDANTIC,
     "flodl_agent.rank_env": PYDANTIC,
     "flodl_agent.options": PYDANTIC,
     "flodl_agent.agent_spec": PYDANTIC,

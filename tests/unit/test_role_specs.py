@@ -10,6 +10,7 @@ in `vars/main.yml`, results it `register`s, facts it `set_fact`s.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,14 @@ def tasks_in(node: Any) -> list[dict[str, Any]]:
 
 
 def made_by(paths: list[Path]) -> set[str]:
-    """The names these files make themselves: `register:` targets and `set_fact` keys."""
+    """The names these files make themselves: `register:` targets, `set_fact` keys, task vars."""
     made: set[str] = set()
     for path in paths:
         for task in tasks_in(yaml.safe_load(path.read_text())):
             if isinstance(task.get("register"), str):
                 made.add(task["register"])
+            if isinstance(task.get("vars"), dict):  # a task's own vars (an include's parameters)
+                made |= set(task["vars"])
             for module in SET_FACT & task.keys():
                 if isinstance(task[module], dict):
                     made |= {k for k in task[module] if k != "cacheable"}
@@ -118,12 +121,25 @@ def test_literal_defaults_pass_the_spec(role: str) -> None:
     assert not result.error_messages, f"{role}: {result.error_messages}"
 
 
+def carried_only() -> set[str]:
+    """The inventory plugin's CARRIED_ONLY: host variables it sets that no role reads yet
+    (read from its source: the plugin imports ansible, which this test does not need)."""
+    tree = ast.parse((PLUGINS / "inventory" / "fdl_cluster.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "CARRIED_ONLY" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
 def test_what_the_playbooks_and_plugins_read_is_declared() -> None:
     """site.yml hands the controller's variables to the workers (hostvars), the controller
-    role's filter reads the workers' (cluster_workers), and the inventory plugin sets both."""
+    role's filter reads the workers' (cluster_workers), and the inventory plugin sets both
+    (less its CARRIED_ONLY facts, which no role reads yet)."""
     readers = [*sorted((ROOT / "playbooks").glob("*.yml")), ROOT / "site.yml"]
     plugins = sorted(PLUGINS.rglob("*.py"))
-    made = made_by(readers) | set().union(*(internal(role) for role in ROLE_NAMES))
+    made = made_by(readers) | set().union(*(internal(role) for role in ROLE_NAMES)) | carried_only()
     undeclared: dict[str, set[str]] = {}
     for path in readers + plugins:
         text = path.read_text()
@@ -131,6 +147,14 @@ def test_what_the_playbooks_and_plugins_read_is_declared() -> None:
             for name in names(text, role) - set(spec(role)) - made:
                 undeclared.setdefault(name, set()).add(str(path.relative_to(ROOT)))
     assert not undeclared, f"read but not declared in any role's argument spec: {undeclared}"
+
+
+def test_carried_only_facts_are_exactly_the_undeclared_ones() -> None:
+    """Once a role declares a carried-only fact, it leaves the plugin's CARRIED_ONLY."""
+    carried = carried_only()
+    assert carried, "fdl_cluster.py has no CARRIED_ONLY"
+    declared = set().union(*(set(spec(role)) for role in ROLE_NAMES))
+    assert not carried & declared, f"declared by a role now; drop from CARRIED_ONLY: {carried & declared}"
 
 
 def test_the_check_finds_an_undeclared_variable(tmp_path: Path) -> None:

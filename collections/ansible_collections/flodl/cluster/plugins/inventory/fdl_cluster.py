@@ -21,6 +21,12 @@ description:
     C(flodl_controller_*) and C(flodl_worker_*) variables the roles take.
   - The round trip of C(flodl_controller)'s template - inventory to cluster file and back.
   - ssh options that turn off host key checking are dropped (with a warning), never passed on.
+  - A worker's C(arch) becomes C(flodl_worker_libtorch) when it is a variant the worker role
+    installs (C(cpu), C(cuNNN), C(rocmX.Y)); a sub-path such as C(precompiled/cu128) has no role
+    equivalent and is left out, with a warning.
+  - A worker's C(docker) (the compose service its ranks run in) becomes C(flodl_worker_docker) and
+    a true C(tunnel) becomes C(flodl_worker_tunnel). Both are only carried as host facts for now -
+    no role reads them yet.
 options:
   plugin:
     description: The name of this plugin.
@@ -44,6 +50,21 @@ path: fdl.cluster.yml
 
 display = Display()
 _VARIANT = re.compile(r"^(cpu|cu\d{3}|rocm[\d.]+)$")
+# Host variables this plugin sets that no role reads (nor declares) yet: carried as facts for
+# what comes next. tests/unit/test_role_specs.py lets exactly these stay out of the argument
+# specs, and fails once a role declares one (then it leaves this list).
+CARRIED_ONLY = ("flodl_worker_docker", "flodl_worker_tunnel")
+
+
+def _libtorch(name: str, arch: str | None) -> str | None:
+    """cluster.workers[].arch as the role's flodl_worker_libtorch, when the role can install it."""
+    if arch is None or _VARIANT.match(arch):
+        return arch
+    display.warning(
+        f"fdl_cluster: {name}: arch `{arch}` is not a variant the worker role installs "
+        "(cpu, cuNNN, rocmX.Y); flodl_worker_libtorch left unset"
+    )
+    return None
 
 
 class InventoryModule(BaseInventoryPlugin):
@@ -108,7 +129,9 @@ class InventoryModule(BaseInventoryPlugin):
             "flodl_worker_local_devices": worker.local_devices.to_data(),
             "flodl_worker_nccl_socket_ifname": worker.nccl_socket_ifname,
             "flodl_worker_home": worker.path,
-            "flodl_worker_libtorch": worker.arch if worker.arch and _VARIANT.match(worker.arch) else None,
+            "flodl_worker_libtorch": _libtorch(name, worker.arch),
+            "flodl_worker_docker": worker.docker,
+            "flodl_worker_tunnel": True if worker.tunnel else None,
             "flodl_worker_data_path": worker.data_path,
             "flodl_worker_env": dict(worker.env) or None,
             "flodl_worker_gpu_ram_share": worker.gpu_ram_share,
