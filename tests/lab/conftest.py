@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.lab import LAB, ROOT, lab_env
+from tests.support.lab import LAB, ROOT, check_bare, lab_env
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     up = subprocess.run([str(LAB), "up"], env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert up.returncode == 0, up.stderr[-3000:]
     env["ANSIBLE_INVENTORY"] = str(inventory / "hosts.yml")
+    check_bare(env)
     try:
         yield env
     finally:

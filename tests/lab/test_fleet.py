@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support.lab import CONTROLLER, ROOT, WORKERS, booted, in_lab, journals, on, play
+from tests.support.lab import CONTROLLER, ROOT, WORKERS, bare_check, booted, in_lab, journals, on, play
 
 pytestmark = pytest.mark.lab
 
@@ -29,6 +32,11 @@ def recap(output: str) -> dict[str, dict[str, int]]:
 
 
 def test_site_converges_then_changes_nothing(lab: dict[str, str]) -> None:
+    # --check on the bare boxes (run by the lab fixture before anything else) ran through
+    # and said what it would change
+    dry = bare_check()
+    assert dry.returncode == 0, dry.stdout[-4000:]
+    assert all(c["changed"] > 0 and c["failed"] == 0 for c in recap(dry.stdout).values()), dry.stdout[-2000:]
     first = play(lab, "site.yml")
     assert first.returncode == 0, first.stdout[-4000:]
     # The second pass goes through `fdl deploy` (ansible-runner): the operator's road.
@@ -40,6 +48,12 @@ def test_site_converges_then_changes_nothing(lab: dict[str, str]) -> None:
     assert set(counts) == {CONTROLLER, *WORKERS}
     assert {host: c["changed"] for host, c in counts.items()} == dict.fromkeys(counts, 0), report
     assert list(Path(report["artifacts"], "job_events").glob("*.json"))  # the event stream is kept
+    # and --check on the converged fleet finds nothing to change
+    dry = play(lab, "site.yml", "--check")
+    assert dry.returncode == 0, dry.stdout[-4000:]
+    assert {h: c["changed"] for h, c in recap(dry.stdout).items()} == dict.fromkeys(counts, 0), dry.stdout[
+        -3000:
+    ]
 
 
 def test_the_door_effective_config(lab: dict[str, str]) -> None:
@@ -239,11 +253,120 @@ def test_a_mistyped_variable_stops_the_play_naming_it(lab: dict[str, str]) -> No
     assert impossible.returncode != 0 and "must be distinct ports" in impossible.stdout
 
 
-def test_a_golden_image_worker_walks_in_under_its_own_hostname(lab: dict[str, str]) -> None:
+WHEELHOUSE = ROOT / "build" / "lab" / "wheels"
+VARIANTS = {WORKERS[0]: "cu126", WORKERS[1]: "rocm6.4"}
+
+
+def serve_variant_indexes(
+    root: Path, variants: list[str]
+) -> tuple[ThreadingHTTPServer, list[tuple[str, str]]]:
+    """A PEP 503 simple index per variant on the lab's gateway, each holding the lab's
+    wheels (a CPU torch in every one is enough: what is proved is the routing); the
+    requests (client address, path) are kept."""
+    for variant in variants:
+        for wheel in WHEELHOUSE.glob("*.whl"):
+            project = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+            folder = root / variant / "simple" / project
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / wheel.name).symlink_to(wheel)
+    seen: list[tuple[str, str]] = []
+
+    class Index(SimpleHTTPRequestHandler):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
+
+        def log_message(self, format: str, *args: object) -> None:
+            seen.append((self.client_address[0], self.path))
+
+    server = ThreadingHTTPServer(("10.89.3.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+@pytest.fixture
+def variant_indexes(lab: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, list[tuple[str, str]]]]:
+    server, seen = serve_variant_indexes(tmp_path, sorted(set(VARIANTS.values())))
+    try:
+        yield f"http://10.89.3.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+
+
+RANK_PREFIX = (
+    "import sys; print('rank python', sys.prefix, flush=True); from flodl_agent.demo_rank import main; main()"
+)
+
+
+def test_each_variant_comes_from_its_own_index_and_its_ranks_run_it(
+    lab: dict[str, str], variant_indexes: tuple[str, list[tuple[str, str]]]
+) -> None:
+    base, seen = variant_indexes
+    host_vars = Path(lab["ANSIBLE_INVENTORY"]).parent / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    for worker, variant in VARIANTS.items():
+        (host_vars / f"{worker}.yml").write_text(f"flodl_worker_libtorch: {variant}\n")
+    sources = {v: f"{base}/{v}/simple" for v in VARIANTS.values()}
+    try:
+        converged = play(lab, "site.yml", "-e", json.dumps({"flodl_worker_torch_sources": sources}))
+        assert converged.returncode == 0, converged.stdout[-4000:]
+        addresses = {WORKERS[0]: "10.89.3.11", WORKERS[1]: "10.89.3.12"}
+        for worker, variant in VARIANTS.items():
+            asked = {path.split("/")[1] for client, path in seen if client == addresses[worker]}
+            assert asked == {variant}, (worker, seen)  # torch and its kin from its own index, nothing else
+            assert any(p.startswith(f"/{variant}/simple/torch/") for c, p in seen if c == addresses[worker])
+            venv_torch = on(worker, f"/opt/flodl/libtorch/{variant}/bin/python", "-c", "import torch")
+            assert venv_torch.returncode == 0, venv_torch.stderr
+        run = play(
+            lab,
+            "playbooks/run.yml",
+            "-e",
+            "flodl_run_timeout=300",
+            "-e",
+            json.dumps({"flodl_run_command": ["python", "-c", RANK_PREFIX]}),
+        )
+        assert run.returncode == 0, run.stdout[-3000:] + journals()
+        for worker, variant in VARIANTS.items():
+            said = on(worker, "journalctl", "-u", "flodl-join.service", "-o", "cat", "--grep", "rank python")
+            last = said.stdout.splitlines()[-1] if said.stdout else ""
+            assert last.endswith(f"rank python /opt/flodl/libtorch/{variant}"), said.stdout
+    finally:
+        for worker in VARIANTS:
+            (host_vars / f"{worker}.yml").unlink()
+        restored = play(lab, "site.yml")
+        assert restored.returncode == 0, restored.stdout[-4000:]
+
+
+def test_a_golden_image_worker_walks_in_under_its_own_hostname_with_the_images_key(
+    lab: dict[str, str],
+) -> None:
+    # The lab declares flodl_controller_images: [lab-image] on the controller (tests/lab/lab).
     golden = play(lab, "playbooks/golden_image.yml", "-e", f"flodl_golden_hosts={WORKERS[1]}")
     assert golden.returncode == 0, golden.stdout[-4000:]
     join = yaml.safe_load(on(WORKERS[1], "cat", "/etc/flodl/fdl.yml").stdout)["join"]
-    assert "host" not in join and join["persist"]  # no roster name baked in: the box's own at run time
+    # no roster name baked in (the box's own at run time), and the variant picked at join
+    assert "host" not in join and join["persist"] and join["libtorch"] == "auto"
+    image_key = on(
+        CONTROLLER, "ssh-keygen", "-lf", "/etc/flodl-door/images/lab-image_ed25519.pub"
+    ).stdout.split()[1]
+    baked = on(WORKERS[1], "ssh-keygen", "-lf", "/opt/flodl/.ssh/join_ed25519").stdout.split()[1]
+    assert baked == image_key  # the worker's own key is gone from the box: only the image's can get it in
+    started = on(CONTROLLER, "date", "+%Y-%m-%d %H:%M:%S").stdout.strip()
     run = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
     assert run.returncode == 0, run.stdout[-4000:]
     assert f"admitted {WORKERS[1]}" in run.stdout  # the container's hostname, read at run time
+    door = on(CONTROLLER, "journalctl", "-u", "flodl-door.service", "--since", started, "-o", "cat")
+    accepted = re.findall(
+        r"^Accepted publickey for flodl-join from 10\.89\.3\.12 port \d+ ssh2: ED25519 (\S+)$",
+        door.stdout,
+        re.M,
+    )
+    assert accepted and set(accepted) == {image_key}, door.stdout[-2000:]
+    # undeclared, the image's key is deleted and its clones stay out
+    # (the clone is no inventory worker now: site.yml would authorize its key as one)
+    retired = play(
+        lab, "site.yml", "-e", json.dumps({"flodl_controller_images": []}), "--limit", f"!{WORKERS[1]}"
+    )
+    assert retired.returncode == 0, retired.stdout[-4000:]
+    assert on(CONTROLLER, "test", "-e", "/etc/flodl-door/images/lab-image_ed25519").returncode != 0
+    refused = on(WORKERS[1], *DOOR, "-W", "127.0.0.1:1337", "flodl-join@10.89.3.10", user="flodl")
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused.stderr

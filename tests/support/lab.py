@@ -25,6 +25,20 @@ def lab_env(inventory: Path) -> dict[str, str]:
     }
 
 
+_BARE: list[subprocess.CompletedProcess[str]] = []
+
+
+def check_bare(env: dict[str, str]) -> None:
+    """`site.yml --check` on the boxes as `lab up` left them: the lab fixture runs it first,
+    since every suite converges the fleet."""
+    _BARE.append(play(env, "site.yml", "--check"))
+
+
+def bare_check() -> subprocess.CompletedProcess[str]:
+    assert _BARE, "the lab fixture runs site.yml --check on the bare boxes"
+    return _BARE[0]
+
+
 def play(env: dict[str, str], playbook: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return in_lab(env, "ansible-playbook", playbook, *extra)
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
-PLUGINS = Path(__file__).parents[2] / "collections" / "ansible_collections" / "flodl" / "cluster" / "plugins"
+ROOT = Path(__file__).parents[2]
+PLUGINS = ROOT / "collections" / "ansible_collections" / "flodl" / "cluster" / "plugins"
 
 
 def load(relative: str) -> ModuleType:
@@ -192,3 +196,64 @@ def test_the_collection_carries_what_galaxy_publishes() -> None:
     # a filter file may hold several filters; a module or an inventory plugin is named after its file
     shipped = {p.stem for kind in ("modules", "inventory") for p in (PLUGINS / kind).glob("*.py")}
     assert shipped and shipped <= listed, f"not in changelogs/changelog.yaml: {shipped - listed}"
+
+
+def test_each_torch_variant_installs_from_its_own_source_alone() -> None:
+    plan = load("filter/torch_plan.py").torch_plan
+    online = plan(
+        ["cu126", "rocm6.4", "cpu"], {"rocm6.4": "/srv/rocm", "cpu": "http://mirror:8000/cpu/simple"}
+    )
+    assert online["cu126"]["pip_env"] == {"PIP_INDEX_URL": "https://download.pytorch.org/whl/cu126"}
+    assert online["rocm6.4"]["wheelhouse"] == "/srv/rocm"
+    assert online["rocm6.4"]["pip_env"] == {
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "/opt/flodl/wheels/torch-rocm6.4",
+    }
+    assert online["cpu"]["pip_env"] == {
+        "PIP_INDEX_URL": "http://mirror:8000/cpu/simple",
+        "PIP_TRUSTED_HOST": "mirror",
+    }
+    assert online["cpu"]["box_source"] == "http://mirror:8000/cpu/simple"
+    offline = plan(
+        ["cpu", "cu128"], {"cu128": "/w/cu128"}, home="/h", wheelhouse=True, index="https://m/whl/"
+    )
+    assert offline["cpu"]["pip_env"] == {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/h/wheels"}
+    assert offline["cu128"]["pip_env"]["PIP_FIND_LINKS"] == "/h/wheels/torch-cu128 /h/wheels"
+    assert plan(["cu128"], index="https://m/whl/")["cu128"]["source"] == "https://m/whl/cu128"
+    with pytest.raises(ValueError, match="not a torch variant"):
+        plan(["cuda12"])
+    with pytest.raises(ValueError, match="neither an http"):
+        plan(["cpu"], {"cpu": "relative/dir"})
+
+
+def test_the_worker_role_pins_the_torch_extras_range() -> None:
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["torch"]
+    role_vars = yaml.safe_load((ROOT / "roles" / "flodl_worker" / "vars" / "main.yml").read_text())
+    assert [role_vars["flodl_worker_torch_requirement"]] == extra
+
+
+def test_a_wheelhouse_digest_follows_names_sizes_and_times(tmp_path: Path) -> None:
+    digest = load("filter/files_digest.py").files_digest
+    a, b = tmp_path / "a.whl", tmp_path / "b.whl"
+    a.write_bytes(b"1")
+    b.write_bytes(b"22")
+    first = digest([str(a), str(b)])
+    assert digest([str(b), str(a)]) == first
+    b.write_bytes(b"333")
+    assert digest([str(a), str(b)]) != first
+    assert digest([str(a)]) != digest([str(a), str(b)])
+
+
+def test_the_validate_commands_catch_a_bad_unit_and_a_bad_key(tmp_path: Path) -> None:
+    unit = load("filter/verify_unit.py").verify_unit
+    keys = load("filter/verify_authorized_keys.py").verify_authorized_keys
+    assert unit("flodl-data.mount").endswith("verify-unit %s flodl-data.mount")
+    with pytest.raises(ValueError):
+        unit("flodl-join")  # systemd reads the type from the suffix
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    good = f'# managed\nrestrict,permitopen="127.0.0.1:1337" {(tmp_path / "k.pub").read_text()}'
+    for text, ok in ((good, True), (good + "restrict ssh-ed25519 AAAAmangled\n", False), ("# none\n", True)):
+        path = tmp_path / "authorized_keys"
+        path.write_text(text)
+        run = subprocess.run(shlex.split(keys("x") % path), capture_output=True, check=False)
+        assert (run.returncode == 0) is ok, text
