@@ -68,7 +68,7 @@ def main() -> None:
             f"{r['hosts']} hosts: site.yml from bare {r['fresh_s']} s; no-change {r['no_change_s']} s "
             f"({r['no_change_per_host_s']} s/host); with Ansible's defaults {r['baseline_no_change_s']} s"
         )
-    print("goal: a no-change run under 20 s for 3 hosts (15 s the aim), growing less than linearly with hosts")
+    print("goal: a no-change run under 20 s for 3 hosts (15 s the aim), growing less than linearly")
     print(json.dumps({"bench": "fleet_converge", "results": results, "ratio": results[-1]["ratio"]}))
 
 
