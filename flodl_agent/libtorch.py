@@ -70,14 +70,16 @@ def read_venv(path: Path, name: str | None = None) -> Venv:
     return Venv(name or path.name, path, torch, (path / "bin" / "fdl").exists())
 
 
-def installed(where: Path) -> list[Venv]:
+def installed(where: Path, only: str | None = None) -> list[Venv]:
     """Each ``<where>/<variant>/bin/python`` with its torch (hidden directories are acquisitions
-    under way)."""
+    under way); ``only``: that variant's alone (each read starts an interpreter that imports torch)."""
     with contextlib.suppress(OSError):
         return [
             read_venv(d)
             for d in sorted(where.iterdir())
-            if not d.name.startswith(".") and (d / "bin" / "python").exists()
+            if not d.name.startswith(".")
+            and (only is None or d.name == only)
+            and (d / "bin" / "python").exists()
         ]
     return []
 
@@ -214,7 +216,7 @@ def settle(
     if os.environ.get(CHOSEN_ENV):
         return None  # the agent this process was exec'd from chose already
     where = root()
-    venvs = installed(where)
+    venvs = installed(where, None if wanted == "auto" else wanted)  # a named variant needs its own venv only
     for venv in venvs:
         if venv.problem:
             log(f"libtorch: skipping {venv.path}: {venv.problem}")

@@ -257,3 +257,10 @@ def test_the_validate_commands_catch_a_bad_unit_and_a_bad_key(tmp_path: Path) ->
         path.write_text(text)
         run = subprocess.run(shlex.split(keys("x") % path), capture_output=True, check=False)
         assert (run.returncode == 0) is ok, text
+
+
+def test_the_role_and_join_default_to_the_same_variant_index() -> None:
+    from flodl_agent.variants import default_source
+
+    plan = load("filter/torch_plan.py").torch_plan(["cu126", "rocm6.4", "cpu"])
+    assert {v: p["source"] for v, p in plan.items()} == {v: default_source(v) for v in plan}
