@@ -73,6 +73,9 @@ class AgentOptions:
     args: list[str] = field(default_factory=list)  # local args (a published manifest's replace them)
     tls_fingerprint: str = ""  # the controller port speaks TLS: its certificate's pinned fingerprint
     heartbeat_every: float = HEARTBEAT_EVERY  # seconds between beats while ranks train
+    # What only this box knows beats what the controller's cluster file says of it (the envelope):
+    docker: str = ""  # the compose service its ranks run in (join.docker / workers[].docker)
+    gpu_ram_share: float | None = None  # APU boxes: the RAM fraction the GPU claims (join.gpu_ram_share)
 
 
 class Attempt:

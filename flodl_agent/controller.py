@@ -77,6 +77,13 @@ class Settings:
     heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
     parallelism: dict[str, int] | None = None  # tensor/pipeline/data/expert the formed world must satisfy
     tls: tuple[str, str] | None = None  # (certificate, key): serve the port over TLS
+    # What the cluster file says of each roster host (docker, gpu_ram_share), and of any
+    # other walk-in (the cluster's defaults): it rides that host's envelope in WorldFormed.
+    host_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    walk_in_facts: dict[str, Any] = field(default_factory=dict)
+
+    def facts(self, host: str) -> dict[str, Any]:
+        return self.host_facts.get(host, self.walk_in_facts)
 
     @property
     def limits(self) -> Limits:
@@ -240,7 +247,12 @@ class Controller:
                 link = self.links.get(r.host)
                 if link is None:
                     continue  # its link closed after the freeze; training already judged it
-                share = {"host": r.host, "first_rank": r.start, "count": r.count}
+                share = {
+                    "host": r.host,
+                    "first_rank": r.start,
+                    "count": r.count,
+                    **self.settings.facts(r.host),
+                }
                 link.send(wire.Kind.WORLD_FORMED, {**common, "host": share, "group": group})
                 if group % batch == batch - 1:
                     await asyncio.sleep(0)  # let status requests through during a fleet-sized fan-out

@@ -63,6 +63,8 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         stall_ceiling=options.stall_ceiling,
         parallelism=options.parallelism,
         tls=(cluster.controller.tls.cert, cluster.controller.tls.key) if cluster.controller.tls else None,
+        host_facts={w.host: cluster.host_facts(w.host) for w in cluster.workers},
+        walk_in_facts=cluster.host_facts(None),
     )
     return Controller(settings, log=log)
 

@@ -70,11 +70,17 @@ class Reject(Msg):
 
 
 class HostEnvelope(Msg):
-    """One host's share of the formed world."""
+    """One host's share of the formed world, with what the cluster file says of that host.
+
+    The agent overlays what only its box knows (its join block's values win): the same
+    rewrite that stamps the join-verified controller address and the box's data root.
+    """
 
     host: str
     first_rank: int
     count: int
+    docker: Short = ""  # the compose service this host's ranks run in (cluster.workers[].docker)
+    gpu_ram_share: float | None = Field(None, gt=0, allow_inf_nan=False)  # the worker's, else the cluster's
 
 
 class WorldFormed(Msg):

@@ -123,6 +123,20 @@ class Cluster(Model):
         check(rules)
         return self
 
+    def host_facts(self, host: str | None) -> dict[str, object]:
+        """What this file says of one host, for its envelope: a roster worker's own entry
+        over the cluster's defaults (a name in no entry, or ``None``: a walk-in's defaults)."""
+        worker = next((w for w in self.workers if w.host == host), None)
+        facts: dict[str, object] = {}
+        if worker is not None and worker.docker:
+            facts["docker"] = worker.docker
+        share = worker.gpu_ram_share if worker is not None else None
+        if share is None:
+            share = self.gpu_ram_share
+        if share is not None:
+            facts["gpu_ram_share"] = share
+        return facts
+
     @property
     def capacity(self) -> int | None:
         """Configured ranks, or ``None`` while a worker offers ``all`` unprobed."""

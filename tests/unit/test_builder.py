@@ -76,3 +76,18 @@ def test_gpu_ram_share_and_join_knobs_land_where_the_file_puts_them() -> None:
             "gpu_ram_share": 0.5,
         }
     }
+
+
+def test_host_facts_take_the_worker_entry_over_the_cluster_default() -> None:
+    cluster = (
+        ClusterBuilder()
+        .controller("h")
+        .gpu_ram_share(0.5)
+        .worker("apu", gpu_ram_share=0.75, docker="train", nccl_socket_ifname="eth0")
+        .worker("plain", nccl_socket_ifname="eth0")
+        .build()
+    )
+    assert cluster.host_facts("apu") == {"docker": "train", "gpu_ram_share": 0.75}
+    assert cluster.host_facts("plain") == {"gpu_ram_share": 0.5}  # the fleet default
+    assert cluster.host_facts(None) == {"gpu_ram_share": 0.5}  # a walk-in in no entry
+    assert ClusterBuilder().controller("h").worker("a").build().host_facts("a") == {}
