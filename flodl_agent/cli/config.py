@@ -14,7 +14,7 @@ from ..config import FdlConfig
 from ..ranks import known_ranks, plan_window
 from .common import base_opt, emit_json, file_arg, json_opt, load, out, print_problems
 
-EXAMPLES = ("lab", "reference")
+EXAMPLES = ("lab", "local", "reference")
 
 
 @click.group()
@@ -38,10 +38,15 @@ def config_check(file: Path, base: Path | None, as_json: bool) -> None:
 
 def summary(config: FdlConfig) -> str:
     parts = []
-    if config.cluster is not None:
-        capacity = config.cluster.capacity
-        ranks = "ranks known at dispatch" if capacity is None else f"{capacity} ranks"
-        parts.append(f"cluster with {len(config.cluster.workers)} workers, {ranks}")
+    cluster = config.cluster
+    if cluster is not None:
+        n, capacity = len(cluster.workers), cluster.capacity
+        ranks = "ranks known at dispatch" if capacity is None else f"{capacity} rank{'s' * (capacity != 1)}"
+        walk_ins = cluster.controller.join.discovery
+        if n == 0:
+            parts.append("cluster with no roster: the world is whoever walks in")
+        else:
+            parts.append(f"cluster with {n} worker{'s' * (n != 1)}, {ranks}{' and walk-ins' * walk_ins}")
     if config.join is not None:
         parts.append("join block")
     if config.publish is not None:
@@ -105,6 +110,8 @@ def config_show(file: Path, base: Path | None, as_json: bool) -> None:
         return
     ctl = cluster.controller
     out.print(f"controller {ctl.host}:{ctl.port}", markup=False)
+    if not cluster.workers:
+        out.print("no roster (discovery): the world is whoever walks in", markup=False)
     table = Table("host", "devices", "ranks", "nccl_socket_ifname", "path", "arch")
     for worker, row in zip(cluster.workers, payload["workers"], strict=True):
         ranks = "at dispatch" if row["ranks"] is None else f"[{row['ranks'][0]}..{row['ranks'][1]})"
@@ -116,7 +123,8 @@ def config_show(file: Path, base: Path | None, as_json: bool) -> None:
             worker.path or ctl.path or "-",
             worker.arch or "-",
         )
-    out.print(table)
+    if cluster.workers:
+        out.print(table)
     w = payload["window"]
     quorum = "at dispatch" if w["quorum"] is None else w["quorum"]
     target = "none (holds for the window)" if w["target"] is None else w["target"]
@@ -139,6 +147,7 @@ def config_schema() -> None:
 @config.command("example")
 @click.argument("name", type=click.Choice(EXAMPLES), default="reference")
 def config_example(name: str) -> None:
-    """Print an example cluster file: `reference` (every field) or `lab` (the lab fleet)."""
+    """Print an example cluster file: `reference` (every field), `lab` (the podman lab fleet) or
+    `local` (one machine: a controller on loopback and walk-ins from other terminals)."""
     text = resources.files("flodl_agent").joinpath(f"examples/{name}.fdl.cluster.yml").read_text()
     click.echo(text, nl=False)

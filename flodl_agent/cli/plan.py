@@ -175,10 +175,12 @@ def plan(
         f"[green]placeable[/]: {fleet.role} fleet, {fleet.num_nodes} nodes x {fleet.gpus_per_node} GPUs "
         f"({fleet.placement_strategy}); tensor {tensor} x pipeline {pipeline} x data {data} (expert {expert})"
     )
-    out.print(
-        f"  {result.replicas} replicas of {result.replica_gpus} GPUs, "
-        + ("one unified cross-node placement group each" if result.unified else "per-node STRICT_PACK groups")
-    )
+    replicas = f"{result.replicas} replica{'s' * (result.replicas != 1)} of {result.replica_gpus} GPUs"
+    if result.unified:
+        nodes = result.replica_gpus // fleet.gpus_per_node
+        out.print(f"  {replicas} across {nodes} nodes: one unified cross-node placement group per replica")
+    else:
+        out.print(f"  {replicas}, placed in per-node STRICT_PACK groups (each replica within one node)")
     for note in result.notes:
         out.print(f"  note: {escape(note)}")
     if segments:
@@ -187,7 +189,7 @@ def plan(
 
 @click.group()
 def placement() -> None:
-    """Fleet placement on Ray (seed 001)."""
+    """Fleet placement on Ray: a node per worker, its NVLink domain and topological rank."""
 
 
 smi_opt = click.option(

@@ -236,3 +236,53 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().lower()
     except OSError:
         return "zombie"
+
+
+def test_the_quick_starts_one_machine_walkthrough_with_the_shipped_local_example(tmp_path: Path) -> None:
+    """docs/quickstart.md "On one machine", command for command (a free port instead of 1337)."""
+    example = fdl("config", "example", "local", cwd=tmp_path)
+    assert example.returncode == 0
+    (tmp_path / "fdl.cluster.yml").write_text(example.stdout)
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    env = {**os.environ, "NO_COLOR": "1"}
+    rank = [sys.executable, "-m", "flodl_agent.demo_rank", "--trainer", "3"]
+    launch = subprocess.Popen(
+        ["fdl", "launch", "--port", str(port), "--", *rank],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: state_at(tmp_path, addr).get("phase") == "waiting")
+        walkers = [
+            subprocess.Popen(
+                ["fdl", "join", addr, "--host", name, "--devices", "cpu:1"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for name in ("box-1", "box-2")
+        ]
+        wait_for(lambda: state_at(tmp_path, addr).get("phase") == "staging")  # quorum 2, held (hybrid)
+        started = fdl("start", "--addr", addr, cwd=tmp_path)
+        assert started.returncode == 0 and "armed" in started.stdout
+        outputs = [w.communicate(timeout=120)[0] for w in walkers]
+        assert [w.returncode for w in walkers] == [0, 0], outputs
+        assert launch.wait(timeout=30) == 0
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        launch.wait()
+    # The ranks trained one model together: the same weights on both.
+    weights = {line.split("done, ")[1] for out in outputs for line in out.splitlines() if "done, w=" in line}
+    assert len(weights) == 1, outputs
+
+
+def state_at(cwd: Path, addr: str) -> dict[str, object]:
+    proc = fdl("status", "--addr", addr, "--json", cwd=cwd)
+    return json.loads(proc.stdout) if proc.returncode == 0 else {}
