@@ -31,11 +31,12 @@ from .config.devices import DeviceOffer
 from .config.models import Source, Ssh
 from .errors import CLEAN, PERMANENT, TRANSIENT
 from .join_protocol import Aborted, Accepted, Closed, Formed, JoinClient, JoinError, Message, Refused
-from .messages import Averaged, BadMessage, Stream, WorldFormed
+from .messages import Averaged, BadMessage, Stream, WorldFormed, shown_command
 from .metrics import read_reports
 from .net import keepalive
 from .offer import Offer
 from .prepare import Prepared
+from .publish import entry_command
 from .rank_env import rank_envs
 from .rendezvous import StreamRelay, serve_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
@@ -59,8 +60,9 @@ class AgentOptions:
     key: bytes | None = None  # join.token or the fan-out salt; None under open admission
     host: str = field(default_factory=socket.gethostname)
     devices: DeviceOffer = field(default_factory=lambda: DeviceOffer("all"))
-    bin: str | None = None  # replaces the entry point with this box's local path
+    bin: str | None = None  # this box's own entry point: with args, its ranks' command
     ssh: Ssh | None = None
+    tunnel: bool = False  # dials through an ssh forward: ssh set, or a launcher's ssh -R
     data_path: str = ""
     env: dict[str, str] = field(default_factory=dict)
     model_sig: str = ""
@@ -70,7 +72,7 @@ class AgentOptions:
     source: Source | None = None  # join.source: fetch, check and build the run before every dial
     data_source: str = ""  # join.data_source: mount data_path read-only from here (sshfs, door A)
     stage: str = "~/.flodl/stage"  # node-local: where the fetched tree and its build live
-    args: list[str] = field(default_factory=list)  # local args (a published manifest's replace them)
+    args: list[str] = field(default_factory=list)  # bin's arguments (a published manifest's replace them)
     tls_fingerprint: str = ""  # the controller port speaks TLS: its certificate's pinned fingerprint
     heartbeat_every: float = HEARTBEAT_EVERY  # seconds between beats while ranks train
     # What only this box knows beats what the controller's cluster file says of it (the envelope):
@@ -165,6 +167,8 @@ class Attempt:
             "dataset_sig": self.options.dataset_sig,
             "run_id": self.options.run_id,
             "data_path": self.options.data_path,
+            "command": shown_command(own) if (own := self.own_command()) else "",
+            "tunnel": self.options.tunnel or self.options.ssh is not None,
         }
 
     def rank_env(
@@ -178,13 +182,18 @@ class Attempt:
         """Per-rank environments (:func:`~flodl_agent.rank_env.rank_envs`) for this box."""
         return rank_envs(this_box(self.options), world, self.offer.devices, road, store_port, plane, reports)
 
-    def command(self, world: WorldFormed) -> list[str]:
+    def own_command(self) -> list[str] | None:
+        """What this box's ranks run whatever the launch says: the published run it fetched
+        (the manifest is the authority), else its own entry and arguments (--bin PATH -- ARGS,
+        join.bin/args); None: the launch's command."""
         if self.prepared is not None:
-            return list(self.prepared.command)  # the manifest is the authority over what runs
-        command = list(world.command)
+            return list(self.prepared.command)
         if self.options.bin:
-            command[0] = self.options.bin  # only the entry point is local; the args are the run's
-        return command
+            return entry_command(self.options.bin, self.options.args)
+        return None
+
+    def command(self, world: WorldFormed) -> list[str]:
+        return self.own_command() or list(world.command)
 
     async def _train(
         self,

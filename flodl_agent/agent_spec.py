@@ -32,6 +32,9 @@ class AgentSpec(BaseModel):
     # exists; an agent that finds itself elsewhere may re-exec into the variant's fdl. Unset:
     # run where started. Validated as arch is (no absolute path, no `..`): it names a path.
     libtorch: Variant | None = None
+    # The agent dials back through the session's `ssh -R` (a tunnel: worker, or tunnel_only):
+    # its hello says so, and an NCCL plane refuses it (a forward cannot carry a mesh).
+    tunnel: bool = False
 
 
 def for_worker(worker: Worker, **dial: object) -> AgentSpec:

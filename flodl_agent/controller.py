@@ -68,6 +68,7 @@ class Settings:
     token: str | None = None
     open_admission: bool = False
     plane: Plane = "cpu"
+    tunnel_only: bool = False  # every walk-in comes through the join door (cluster.controller.join)
     env: dict[str, str] = field(default_factory=dict)
     launch: str = ""  # this launch's label (8 hex): logs, /state.json, TORCHELASTIC_RUN_ID
     roster: list[str] = field(default_factory=list)  # configured workers, in rank order
@@ -383,6 +384,7 @@ class Controller:
         self.admitted += 1
         self.log(
             f"admitted {hello.host} ({peer}): ranks [{first}..{first + count}) on {', '.join(hello.devices)}"
+            f"; runs {hello.runs}"
         )
         self._apply(decision)
         try:
@@ -402,7 +404,7 @@ class Controller:
                 f"the window is closed (phase {self.window.phase})",
                 "wait for the next run; --persist re-dials",
             )
-        return check(self.cohort, hello, self.settings.plane)
+        return check(self.cohort, hello, self.settings.plane, self.settings.tunnel_only)
 
     async def _link(self, reader: asyncio.StreamReader, link: Link) -> None:
         """The host's control link for the whole run; its EOF is the host's exit."""

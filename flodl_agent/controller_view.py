@@ -28,6 +28,7 @@ def host_json(link: Link, first: int) -> str:
             "devices": hello.devices,
             "device_labels": hello.device_labels,
             "variant": hello.variant,
+            "command": hello.command,  # "": the launch's command
             "joined_at": round(link.joined_at, 1),
         }
     )

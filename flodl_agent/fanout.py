@@ -66,7 +66,9 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
         extra = ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:{join_address(far, port)}"]
         dial_host = "127.0.0.1"
     tag = orphan_tag(f"{ctl_host}:{port}", worker)
-    spec = for_worker(worker, controller_host=dial_host, controller_port=port, key=key.hex())
+    spec = for_worker(
+        worker, controller_host=dial_host, controller_port=port, key=key.hex(), tunnel=bool(extra)
+    )
     argv = worker_ssh(worker, extra)
     argv.append(remote_command(tag, worker.path or cluster.controller.path, worker.arch))
     return Plan(worker.host, argv, encode(spec))

@@ -10,6 +10,7 @@ from typing import Any
 
 from .address import is_loopback
 from .config.models import Cluster
+from .config.problems import format_path
 from .controller import Controller, Settings
 from .errors import Failure
 from .fanout import Fanout, FanoutError, plan
@@ -28,7 +29,7 @@ class LaunchOptions:
     command: list[str]
     bind: str | None = None
     port: int | None = None
-    plane: Plane = "cpu"
+    plane: Plane | None = None  # --plane; None: the cluster file's plane, else cpu
     fanout: bool = True
     max_failure: str = "0"
     stall_ceiling: float = 600.0
@@ -43,6 +44,11 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         raise LaunchError(
             str(exc), "list devices explicitly, or set cluster.controller.join.min_rank_start"
         ) from None
+    plane = options.plane or cluster.plane or "cpu"
+    if refused := cluster.plane_rules(plane):
+        # --plane nccl over a file with tunnels or CPU ranks: refused before any dial.
+        loc, message, fix = refused[0]
+        raise LaunchError(f"--plane {plane}: cluster.{format_path(loc)} {message}", fix)
     bind = options.bind or cluster.controller.host
     if join.tunnel_only and not is_loopback(bind):
         # Reachability through the guardrailed sshd is the credential: nothing else may reach the port.
@@ -55,7 +61,8 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
         port=cluster.controller.port if options.port is None else options.port,
         token=join.token,
         open_admission=join.open_admission,
-        plane=options.plane,
+        plane=plane,
+        tunnel_only=join.tunnel_only,
         env=dict(cluster.env),
         launch=secrets.token_hex(4),
         roster=[w.host for w in cluster.workers],

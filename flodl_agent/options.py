@@ -81,6 +81,7 @@ class JoinSettings:
     devices: DeviceOffer
     bin: str | None
     ssh: Ssh | None
+    tunnel: bool  # through an ssh forward: --ssh / join.ssh, or the launcher's ssh -R
     data_path: str
     env: dict[str, str]
     socket_ifname: str
@@ -131,9 +132,20 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         offer = parse_devices(wanted) if wanted else (block.devices or DeviceOffer("all"))
     except PydanticCustomError as exc:
         raise OptionError("--devices", f"--devices: {exc}", kind="refusal") from None
+    entry, args = flags.bin or block.bin, list(flags.args) or list(block.args)
     notes = []
-    if flags.args and list(flags.args) != block.args and block.source is None:
-        notes.append("note: the run's arguments come from the controller; local arguments are ignored")
+    if block.source is not None and flags.bin:
+        notes.append("note: join.source names what runs (its manifest, or source.bin); --bin is ignored")
+    elif args and not entry and block.source is None:
+        # Arguments for which entry point? Guessing (the launch command's first word?) runs the
+        # wrong thing on a `python3 train.py` launch; the walk-in says what it means instead.
+        raise OptionError(
+            "ARGS",
+            "arguments after -- go to this box's own entry point, and none is named",
+            "name it with --bin PATH (or join.bin in fdl.yml), or drop the arguments to run the "
+            "launch command",
+            kind="refusal",
+        )
     try:
         host, port = split_address(addr)
     except AddressError as exc:
@@ -151,14 +163,15 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         key=bytes.fromhex(key_hex) if key_hex else None,
         host=flags.host or spec.host or block.host or hostname,
         devices=offer,
-        bin=flags.bin or block.bin,
+        bin=entry,
         ssh=ssh,
+        tunnel=ssh is not None or spec.tunnel,
         data_path=spec.data_path or block.data_path or "",
         env={**block.env, **spec.env},
         socket_ifname=spec.socket_ifname or block.nccl_socket_ifname or "",
         source=block.source,
         data_source=block.data_source or "",
-        args=list(flags.args) or list(block.args),
+        args=args,
         tls_fingerprint=pin or block.tls_fingerprint or "",
         persist=block.persist if flags.persist is None else flags.persist,
         notes=tuple(notes),

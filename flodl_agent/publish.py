@@ -301,10 +301,11 @@ def run_build(line: str, workdir: Path, env: dict[str, str] | None = None) -> Bu
     return Build(line, proc.returncode, (proc.stdout + proc.stderr).strip())
 
 
-def entry_command(entry: Path, args: list[str]) -> list[str]:
+def entry_command(entry: str | Path, args: list[str]) -> list[str]:
     """How a box runs an entry point: a Python script that is not executable runs under
-    this interpreter (the variant's venv)."""
-    runner = [sys.executable] if entry.suffix == ".py" and not os.access(entry, os.X_OK) else []
+    this interpreter (the variant's venv). A string stays as written (`./train` is not
+    `train`, which PATH would look up)."""
+    runner = [sys.executable] if Path(entry).suffix == ".py" and not os.access(entry, os.X_OK) else []
     return [*runner, str(entry), *args]
 
 

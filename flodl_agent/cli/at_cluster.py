@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ..launcher import LaunchOptions
+from ..messages import Plane
 from .common import fail, load, project_file
 from .launch import launch_loaded
 from .probe import probe_cluster
@@ -23,13 +24,22 @@ from .status import start, status
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.argument("name")
-@click.option("--plane", type=click.Choice(["cpu", "nccl"]), default="cpu", help="Data plane of the run.")
+@click.option(
+    "--plane",
+    type=click.Choice(["cpu", "nccl"]),
+    help="Data plane of the run (default: cluster.plane, else cpu).",
+)
 @click.option("--fanout/--no-fanout", default=True, help="Start agents on the configured workers.")
 @click.argument("command_name", metavar="COMMAND")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def at_cluster(
-    ctx: click.Context, name: str, plane: str, fanout: bool, command_name: str, extra: tuple[str, ...]
+    ctx: click.Context,
+    name: str,
+    plane: Plane | None,
+    fanout: bool,
+    command_name: str,
+    extra: tuple[str, ...],
 ) -> None:
     """`fdl @NAME COMMAND [ARGS]`: run a named command of fdl.yml on the cluster of fdl.NAME.yml.
 
@@ -55,7 +65,5 @@ def at_cluster(
             else (f"known: {', '.join(commands)}" if commands else "add a commands: block to fdl.yml")
         )
         fail(f"@{name}", f"no command `{command_name}`", hint)
-    options = LaunchOptions(
-        command=[*commands[command_name], *extra], plane="nccl" if plane == "nccl" else "cpu", fanout=fanout
-    )
+    options = LaunchOptions(command=[*commands[command_name], *extra], plane=plane, fanout=fanout)
     launch_loaded(loaded, overlay, options)

@@ -22,7 +22,7 @@ from ..config import Join
 from ..libtorch import reexec, settle
 from ..options import JoinFlags, OptionError, resolve_join, resolve_libtorch
 from ..retry import AgentFailure
-from .common import err, fail, load, log, option_error, project_file, token_or_exit
+from .common import TailCommand, err, fail, load, log, option_error, project_file, token_or_exit
 
 
 def read_spec(from_stdin: bool, command: str = "join") -> AgentSpec:
@@ -69,7 +69,11 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
         fail("join", exc.message, exc.fix or None, exc.code)
 
 
-@click.command(name="join")
+class _JoinCommand(TailCommand):
+    usage = "[OPTIONS] [ADDRESS] [-- ARGS...]"  # ARGS: --bin's, verbatim; never the address
+
+
+@click.command(name="join", cls=_JoinCommand)
 @click.argument("address", required=False)
 @click.option(
     "--config",
@@ -80,7 +84,9 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
 @click.option(
     "--token", "token_opt", metavar="-", help="`-` reads the run's join.token from stdin (or set FDL_TOKEN)."
 )
-@click.option("--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward.")
+@click.option(
+    "--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward (CPU plane only)."
+)
 @click.option("--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
 @click.option(
     "--tls-fingerprint", "pin", metavar="SHA256", help="The controller serves TLS: pin its certificate."
@@ -88,7 +94,13 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
 @click.option("--host", "host_name", help="This box's name in the roster (default: hostname).")
 @click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N (default: every GPU).")
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
-@click.option("--bin", "entry", help="Local path of the run's entry point on this box.")
+@click.option(
+    "--bin",
+    "entry",
+    metavar="PATH",
+    help="This box's own entry point; with the ARGS after --, its ranks' command instead of the "
+    "launch's (a .py file that is not executable runs under this venv's python).",
+)
 @click.option(
     "--libtorch",
     metavar="VARIANT",
@@ -97,7 +109,6 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
 @click.option("--backoff", type=click.FloatRange(0.1, 60), default=5.0, hidden=True)
 @click.option("--spec-stdin", is_flag=True, hidden=True, help="Read a launcher's agent spec from stdin.")
 @click.option("--tag", hidden=True, help="Marks a fan-out agent so the next launch can clean up orphans.")
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def join_cmd(
     address: str | None,
     config_file: Path | None,
@@ -113,9 +124,16 @@ def join_cmd(
     backoff: float,
     spec_stdin: bool,
     tag: str | None,
-    args: tuple[str, ...],
 ) -> None:
     """Walk into a join window at ADDRESS (host:port) and run this box's ranks.
+
+    The ranks run the launch's command, or this box's own: `--bin PATH -- ARGS`
+    (join.bin, join.args), ARGS passed verbatim; a published run this box fetched
+    (join.source) wins over both. ARGS need --bin. The controller logs and shows
+    each host's command: keep secrets out of it (join.env is not shown).
+
+    Through --ssh (an ssh -L forward) only the CPU plane runs: a forward cannot
+    carry an NCCL mesh, and an NCCL window refuses the box.
 
     Every flag defaults from the join: block of fdl.yml. Exit 0 clean, 1
     transient (re-dial), 2 permanent.
@@ -135,7 +153,7 @@ def join_cmd(
         devices=devices,
         persist=persist,
         bin=entry,
-        args=args,
+        args=tuple(click.get_current_context().meta["tail"] or ()),
     )
     try:
         settings = resolve_join(flags, spec, block, socket.gethostname())
@@ -151,6 +169,7 @@ def join_cmd(
         devices=settings.devices,
         bin=settings.bin,
         ssh=settings.ssh,
+        tunnel=settings.tunnel,
         data_path=settings.data_path,
         env=settings.env,
         socket_ifname=settings.socket_ifname,

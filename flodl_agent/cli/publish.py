@@ -11,25 +11,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..options import OptionError, PublishFlags, resolve_publish
-from .common import emit_json, err, json_opt, load, log, option_error, out, project_file
+from .common import TailCommand, emit_json, err, json_opt, load, log, option_error, out, project_file
 
 
-class _TailCommand(click.Command):
-    """Everything after `--` is the tail (``ctx.meta["tail"]``, None without a `--`): an
-    empty tail is still a tail, and a tail never fills an optional positional argument."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        ctx.meta["tail"] = None
-        if "--" in args:
-            cut = args.index("--")
-            args, ctx.meta["tail"] = args[:cut], args[cut + 1 :]
-        return super().parse_args(ctx, args)
-
-    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        formatter.write_usage(ctx.command_path, "[OPTIONS] [SPEC] [-- ARGS...]")
+class _PublishCommand(TailCommand):
+    usage = "[OPTIONS] [SPEC] [-- ARGS...]"
 
 
-@click.command(cls=_TailCommand)
+@click.command(cls=_PublishCommand)
 @click.argument("spec", required=False)
 @click.option("--bin", "entry", help="Entry point, relative to --cwd.")
 @click.option("--cwd", help="Project directory inside the tree (default: its root).")

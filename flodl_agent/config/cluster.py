@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from .devices import DeviceOffer
@@ -86,10 +88,13 @@ class Cluster(Model):
     workers: list[Worker] = Field(default_factory=list, description="rank-carrying hosts, in rank order")
     env: Env = Field(default_factory=dict, description="environment for every rank")
     gpu_ram_share: Share | None = Field(None, description="fleet default for APU hosts")
+    plane: Literal["cpu", "nccl"] | None = Field(
+        None, description="data plane: cpu (through the controller; tunnels too) or nccl (default: cpu)"
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Cluster:
-        rules: list[Rule] = []
+        rules: list[Rule] = self.plane_rules(self.plane or "cpu")
         if not self.workers and not self.controller.join.discovery:
             rules.append(
                 (
@@ -122,6 +127,42 @@ class Cluster(Model):
                     )
         check(rules)
         return self
+
+    def plane_rules(self, plane: str) -> list[Rule]:
+        """What an NCCL plane cannot carry (empty for cpu): tunnels, which forward the
+        hub-and-spoke CPU plane but no mesh, and CPU ranks, which admission would refuse."""
+        if plane != "nccl":
+            return []
+        cpu_mode = "or run a CPU mode (plane: cpu, or fdl launch --plane cpu)"
+        rules: list[Rule] = []
+        if self.controller.join.tunnel_only:
+            rules.append(
+                (
+                    ("controller", "join", "tunnel_only"),
+                    "admits through the ssh door alone, and a tunnel carries only the CPU plane: "
+                    "`plane: nccl` needs a mesh between the hosts",
+                    f"drop tunnel_only (walk-ins then dial the controller directly), {cpu_mode}",
+                )
+            )
+        for i, worker in enumerate(self.workers):
+            if worker.tunnel:
+                rules.append(
+                    (
+                        ("workers", i, "tunnel"),
+                        "a tunnel carries only the CPU plane: `plane: nccl` needs a mesh between the "
+                        "hosts, which a port forward cannot carry",
+                        f"drop tunnel (the host reaches the others directly), {cpu_mode}",
+                    )
+                )
+            if worker.local_devices.kind == "cpu":
+                rules.append(
+                    (
+                        ("workers", i, "local_devices"),
+                        f"offers CPU ranks ({worker.local_devices}), which an NCCL plane refuses",
+                        f"offer GPUs (all, or a list of indices), {cpu_mode}",
+                    )
+                )
+        return rules
 
     def host_facts(self, host: str | None) -> dict[str, object]:
         """What this file says of one host, for its envelope: a roster worker's own entry

@@ -35,6 +35,18 @@ def loopback_cluster(cwd: Path, port: int, **join: object) -> None:
     )
 
 
+def launch_json(cwd: Path, env: dict[str, str], command: list[str]) -> subprocess.Popen[str]:
+    """`fdl launch --json -- COMMAND` in ``cwd``: the report on stdout, the log on stderr."""
+    return subprocess.Popen(
+        ["fdl", "launch", "--json", "--", *command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def state(cwd: Path) -> dict[str, object]:
     proc = fdl("status", "--json", cwd=cwd)
     return json.loads(proc.stdout) if proc.returncode == 0 else {}
@@ -58,14 +70,7 @@ def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
         f"import os; open(os.path.join(r'{out}', os.environ['RANK']), 'w').write(os.environ['WORLD_SIZE'])",
     ]
     env = {**os.environ, "NO_COLOR": "1"}
-    launch = subprocess.Popen(
-        ["fdl", "launch", "--json", "--", *rank_cmd],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launch = launch_json(tmp_path, env, rank_cmd)
     try:
         wait_for(lambda: state(tmp_path).get("phase") == "waiting")
         refused = fdl("start", cwd=tmp_path)
@@ -236,6 +241,66 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().lower()
     except OSError:
         return "zombie"
+
+
+# A walk-in's own entry: it says what it ran, with which arguments, under which python.
+OWN_ENTRY = """
+import json, os, sys
+json.dump({"argv": sys.argv[1:], "python": sys.executable, "entry": __file__},
+          open(os.path.join(os.environ["OUT"], os.environ["RANK"]), "w"))
+"""
+
+
+def test_a_walk_in_brings_its_own_command_and_the_controller_names_it(tmp_path: Path) -> None:
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=2, target_ranks=2, join_timeout=60, max_join_timeout=120)
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "x.py").write_text(OWN_ENTRY)  # not executable: it runs under the agent's python
+    launch_cmd = [
+        sys.executable,
+        "-c",
+        "import os; open(os.path.join(os.environ['OUT'], os.environ['RANK']), 'w').write('launch')",
+    ]
+    env = {**os.environ, "NO_COLOR": "1", "OUT": str(out)}
+    launch = launch_json(tmp_path, env, launch_cmd)
+    try:
+        wait_for(lambda: state(tmp_path).get("phase") == "waiting")
+        # the address from fdl.yml: what follows `--` is the entry's, never the ADDRESS
+        (tmp_path / "fdl.yml").write_text(json.dumps({"join": {"controller": f"127.0.0.1:{port}"}}))
+        base = ["fdl", "join", "--devices", "cpu:1", "--host"]
+        walkers = {
+            "own": subprocess.Popen(
+                [*base, "own", "--bin", "x.py", "--", "--flag", "v"], cwd=tmp_path, env=env, text=True
+            ),
+            "plain": subprocess.Popen([*base, "plain"], cwd=tmp_path, env=env, text=True),
+        }
+        assert {name: w.wait(timeout=60) for name, w in walkers.items()} == {"own": 0, "plain": 0}
+        assert launch.wait(timeout=30) == 0
+        assert launch.stderr is not None and launch.stdout is not None
+        log, report = launch.stderr.read(), json.loads(launch.stdout.read())
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        launch.wait()
+    by_host = {h["host"]: h for h in report["hosts"]}
+    own_rank, plain_rank = (str(by_host[h]["ranks"][0]) for h in ("own", "plain"))
+    ran = json.loads((out / own_rank).read_text())
+    # --bin PATH -- ARGS is its ranks' whole command: the arguments verbatim, under the agent's python
+    assert ran["argv"] == ["--flag", "v"] and ran["entry"].endswith("x.py")
+    fdl_bin = Path(shutil.which("fdl") or "").parent
+    assert Path(ran["python"]).parent == fdl_bin
+    assert (out / plain_rank).read_text() == "launch"  # no command of its own: the launch's
+    # the controller's log and its report name what each host runs
+    own_line = next(line for line in log.splitlines() if "admitted own" in line)
+    assert "runs its own command:" in own_line and own_line.endswith("x.py --flag v")
+    assert "runs the launch command" in next(line for line in log.splitlines() if "admitted plain" in line)
+    assert by_host["own"]["command"].endswith("x.py --flag v") and by_host["plain"]["command"] == ""
+
+    # arguments with no entry point to give them to are refused before any dial
+    refused = fdl("join", "--devices", "cpu:1", "--", "--flag", "v", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "none is named" in refused.stderr and "--bin PATH" in refused.stderr
 
 
 def test_the_quick_starts_one_machine_walkthrough_with_the_shipped_local_example(tmp_path: Path) -> None:

@@ -89,12 +89,20 @@ JOIN_LAYERS: list[tuple[str, Any, Any, Any, Any, Any]] = [
         lambda s: s.socket_ifname,
     ),
     (
-        "args",
-        ({"args": ("--f",)}, ["--f"]),
+        "args",  # arguments for this box's own entry point: each layer names one
+        ({"args": ("--f",), "bin": "/f/run"}, ["--f"]),
         None,
-        ({"args": ["--b"]}, ["--b"]),
+        ({"args": ["--b"], "bin": "/b/run"}, ["--b"]),
         [],
         lambda s: s.args,
+    ),
+    (
+        "tunnel",  # the box dials through an ssh forward: its own -L, or the launcher's -R
+        ({"ssh": "me@door"}, True),
+        ({"tunnel": True}, True),
+        ({"ssh": {"target": "door"}}, True),
+        False,
+        lambda s: s.tunnel,
     ),
     (
         "tls_fingerprint",
@@ -190,10 +198,49 @@ def test_join_identity_applies_to_the_flag_or_the_blocks_ssh() -> None:
     assert join(ADDR | {"identity": key}, {}, {}).ssh is None  # no ssh to apply it to
 
 
-def test_join_local_args_the_controller_will_replace_get_a_note() -> None:
-    assert join(ADDR | {"args": ("--x",)}, {}, {}).notes  # the published manifest's args win
-    assert not join(ADDR | {"args": ("--x",)}, {}, {"args": ["--x"]}).notes
-    assert not join(ADDR, {}, {}).notes
+# A walk-in's command, as the flags and the join: block state it: (flags, block) -> (bin, args).
+# An entry and its arguments merge field by field; arguments alone name no entry point.
+WALK_IN_COMMANDS = [
+    ({}, {}, (None, [])),  # the launch's command
+    ({"bin": "x.py", "args": ("--flag", "v")}, {}, ("x.py", ["--flag", "v"])),
+    ({"bin": "x.py"}, {}, ("x.py", [])),
+    ({}, {"bin": "/b/train", "args": ["--model", "resnet"]}, ("/b/train", ["--model", "resnet"])),
+    (
+        {"args": ("--model", "vit")},
+        {"bin": "/b/train", "args": ["--model", "resnet"]},
+        ("/b/train", ["--model", "vit"]),
+    ),
+    (
+        {"bin": "/f/train"},
+        {"bin": "/b/train", "args": ["--model", "resnet"]},
+        ("/f/train", ["--model", "resnet"]),
+    ),
+    # with join.source the fetched run says what runs; the args feed a manifest-less source.bin
+    ({"args": ("--x",)}, {"source": {"from": "file:///t", "bin": "run"}}, (None, ["--x"])),
+]
+
+
+@pytest.mark.parametrize(("flags", "block", "expected"), WALK_IN_COMMANDS)
+def test_join_a_walk_ins_own_command(flags: dict[str, Any], block: dict[str, Any], expected: Any) -> None:
+    settings = join(ADDR | flags, {}, block)
+    assert (settings.bin, settings.args) == expected
+    assert not settings.notes
+
+
+def test_join_a_launchers_remote_forward_alone_marks_the_tunnel() -> None:
+    assert join(ADDR, {"tunnel": True}, {}).tunnel and not join(ADDR, {}, {}).tunnel
+
+
+def test_join_arguments_without_an_entry_point_are_refused() -> None:
+    with pytest.raises(OptionError) as caught:
+        join(ADDR | {"args": ("--model", "resnet")}, {}, {})
+    assert (caught.value.param, caught.value.kind) == ("ARGS", "refusal")
+    assert caught.value.fix and "--bin PATH" in caught.value.fix and "join.bin" in caught.value.fix
+
+
+def test_join_a_bin_flag_under_join_source_gets_a_note() -> None:
+    settings = join(ADDR | {"bin": "/f/train"}, {}, {"source": {"from": "file:///t"}})
+    assert settings.notes and "join.source names what runs" in settings.notes[0]
 
 
 @pytest.mark.parametrize(
