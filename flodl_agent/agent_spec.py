@@ -32,6 +32,7 @@ class AgentSpec(BaseModel):
     # exists; an agent that finds itself elsewhere may re-exec into the variant's fdl. Unset:
     # run where started. Validated as arch is (no absolute path, no `..`): it names a path.
     libtorch: Variant | None = None
+    gpu_ram_share: float | None = Field(None, gt=0, allow_inf_nan=False)  # cluster.workers[].gpu_ram_share
 
 
 def for_worker(worker: Worker, **dial: object) -> AgentSpec:
@@ -45,6 +46,7 @@ def for_worker(worker: Worker, **dial: object) -> AgentSpec:
             "env": worker.env,
             "socket_ifname": worker.nccl_socket_ifname or "",
             **({"libtorch": worker.arch} if worker.arch else {}),
+            **({"gpu_ram_share": worker.gpu_ram_share} if worker.gpu_ram_share is not None else {}),
             **dial,
         }
     )
