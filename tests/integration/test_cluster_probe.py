@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flodl_agent.signature import dataset_signature
 from tests.support import free_port
 from tests.support.sshd import Sshd, loopback_cluster
 
@@ -51,4 +52,35 @@ def test_a_cluster_probe_reaches_every_worker_and_finds_what_only_the_set_shows(
     assert "error" in report["hosts"]["fan-lost"]
     across = {f["check"]: f for f in report["cluster"]}
     assert across["reach"]["message"].startswith("fan-lost: not probed")
-    assert across["data"]["level"] == "fail" and "1 entries on fan-a" in across["data"]["message"]
+    assert across["data"]["level"] == "fail" and "(1 entries) on fan-a" in across["data"]["message"]
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
+def test_a_cluster_probe_compares_data_roots_by_the_signature_admission_compares(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    # Two roots a listing calls the same (one file each, same name and size), other bytes inside.
+    roots = [tmp_path / "data-a", tmp_path / "data-b"]
+    for root, content in zip(roots, (b"train-v1", b"train-v2"), strict=True):
+        root.mkdir()
+        (root / "shard-0").write_bytes(content)
+    config = yaml.safe_load(loopback_cluster(tmp_path, sshd, free_port()).read_text())
+    for worker, root in zip(config["cluster"]["workers"], roots, strict=True):
+        worker["data_path"] = str(root)
+    (tmp_path / "fdl.lab.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "fdl"), "@", "lab", "probe", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    signed = {h: report["hosts"][h]["facts"]["data"]["signature"] for h in ("fan-a", "fan-b")}
+    # Each box reports the very signature its hello would carry.
+    assert signed == {"fan-a": dataset_signature(roots[0]), "fan-b": dataset_signature(roots[1])}
+    (data,) = [f for f in report["cluster"] if f["check"] == "data"]
+    assert data["level"] == "fail" and "dataset mismatch" in data["message"]
+    assert f"signature {signed['fan-a'][:12]} (1 entries) on fan-a" in data["message"]
