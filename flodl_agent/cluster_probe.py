@@ -11,14 +11,13 @@ between boxes, a box that could not be probed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
-from .fanout import run_fdl, worker_ssh
+from .fanout import ask, run_fdl, worker_ssh
 from .findings import Finding
 from .probe import as_json_payload, check, gather
 
@@ -179,20 +178,10 @@ def _compare(roots: dict[str, dict[str, Any]], declared: bool) -> list[Finding]:
 async def _probe_worker(worker: Worker, path: str | None, timeout: float) -> Report:
     argv = [*worker_ssh(worker), run_fdl(path, "probe --json --no-dial --spec-stdin", worker.arch)]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        code, out, errout = await ask(argv, encode(for_worker(worker)), timeout)
     except OSError as exc:
         return Report(worker.host, error=f"cannot run ssh: {exc.strerror}")
-    try:
-        out, errout = await asyncio.wait_for(proc.communicate(encode(for_worker(worker))), timeout)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
         return Report(worker.host, error=f"no answer within {timeout:.0f}s")
     try:
         payload = json.loads(out)
@@ -200,7 +189,7 @@ async def _probe_worker(worker: Worker, path: str | None, timeout: float) -> Rep
         payload = None
     if not isinstance(payload, dict):  # ssh refused, no fdl there, or something else answered
         said = (errout or out).decode(errors="replace").strip().splitlines()
-        return Report(worker.host, error=f"exit {proc.returncode}: {said[-1] if said else 'no output'}")
+        return Report(worker.host, error=f"exit {code}: {said[-1] if said else 'no output'}")
     return Report(worker.host, payload=payload)
 
 

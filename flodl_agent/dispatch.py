@@ -12,14 +12,13 @@ the launch naming the host, the ssh client's words and the fixes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .config.models import Cluster, Worker
 from .errors import Failure
-from .fanout import worker_ssh
+from .fanout import ask, worker_ssh
 from .gpus import KFD_NODES, NVIDIA_SMI, Gpu, parse_kfd, parse_nvidia
 
 COUNT_TIMEOUT = 30.0  # seconds one box gets to answer (the tools, not torch, run there)
@@ -109,30 +108,20 @@ async def count_worker(worker: Worker, kfd: str = str(KFD_NODES), timeout: float
     """Ask one worker over its ssh block what its tools list."""
     argv = [*worker_ssh(worker), count_command(kfd)]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        code, out, errout = await ask(argv, None, timeout)
     except OSError as exc:
         raise DispatchError(
             f"cannot run ssh to count the devices of {worker.host}: {exc.strerror}", FIX
         ) from None
-    try:
-        out, errout = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
         raise DispatchError(
             f"{worker.host} did not answer the device count over ssh within {timeout:.0f}s", FIX
         ) from None
-    if proc.returncode != 0:
+    if code != 0:
         said = errout.decode(errors="replace").strip().splitlines()
         raise DispatchError(
             f"cannot count the devices of {worker.host} (local_devices: all) over ssh: exit "
-            f"{proc.returncode}: {said[-1] if said else 'no output'}",
+            f"{code}: {said[-1] if said else 'no output'}",
             FIX,
         )
     return parse_count(out.decode(errors="replace"))

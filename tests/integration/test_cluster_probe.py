@@ -21,6 +21,12 @@ from tests.support.sshd import Sshd, loopback_cluster
 ROOT = Path(__file__).parents[2]
 
 
+def probe_lab(cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`fdl @lab probe --json` in ``cwd`` (its fdl.lab.yml)."""
+    argv = [str(ROOT / ".venv" / "bin" / "fdl"), "@", "lab", "probe", "--json"]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
 def test_a_cluster_probe_reaches_every_worker_and_finds_what_only_the_set_shows(
     sshd: Sshd, tmp_path: Path
@@ -34,14 +40,7 @@ def test_a_cluster_probe_reaches_every_worker_and_finds_what_only_the_set_shows(
     lost = dict(b, host="fan-lost", ssh=dict(b["ssh"], port=free_port()))  # nothing listens there
     config["cluster"]["workers"].append(lost)
     (tmp_path / "fdl.lab.yml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "fdl"), "@", "lab", "probe", "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = probe_lab(tmp_path)
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     assert not report["ok"]
@@ -68,14 +67,7 @@ def test_a_cluster_probe_compares_data_roots_by_the_signature_admission_compares
     for worker, root in zip(config["cluster"]["workers"], roots, strict=True):
         worker["data_path"] = str(root)
     (tmp_path / "fdl.lab.yml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "fdl"), "@", "lab", "probe", "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = probe_lab(tmp_path)
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     signed = {h: report["hosts"][h]["facts"]["data"]["signature"] for h in ("fan-a", "fan-b")}
