@@ -66,6 +66,10 @@ def test_a_cluster_probe_compares_data_roots_by_the_signature_admission_compares
     config = yaml.safe_load(loopback_cluster(tmp_path, sshd, free_port()).read_text())
     for worker, root in zip(config["cluster"]["workers"], roots, strict=True):
         worker["data_path"] = str(root)
+    # A third entry declares no root: the convention root is checked there, and never compared.
+    config["cluster"]["workers"].append(
+        {k: v for k, v in worker.items() if k != "data_path"} | {"host": "fan-c"}
+    )
     (tmp_path / "fdl.lab.yml").write_text(yaml.safe_dump(config))
     proc = probe_lab(tmp_path)
     assert proc.returncode == 1, proc.stderr
@@ -73,6 +77,10 @@ def test_a_cluster_probe_compares_data_roots_by_the_signature_admission_compares
     signed = {h: report["hosts"][h]["facts"]["data"]["signature"] for h in ("fan-a", "fan-b")}
     # Each box reports the very signature its hello would carry.
     assert signed == {"fan-a": dataset_signature(roots[0]), "fan-b": dataset_signature(roots[1])}
+    convention = report["hosts"]["fan-c"]["facts"]["data"]
+    assert (convention["path"], convention["declared"]) == ("/flodl/data", False)
+    (checked,) = [f for f in report["hosts"]["fan-c"]["findings"] if f["check"] == "data"]
+    assert "no data_path declared; checked the convention root /flodl/data" in checked["message"]
     (data,) = [f for f in report["cluster"] if f["check"] == "data"]
     assert data["level"] == "fail" and "dataset mismatch" in data["message"]
     assert f"signature {signed['fan-a'][:12]} (1 entries) on fan-a" in data["message"]
