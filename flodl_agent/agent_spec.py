@@ -35,6 +35,7 @@ class AgentSpec(BaseModel):
     # The agent dials back through the session's `ssh -R` (a tunnel: worker, or tunnel_only):
     # its hello says so, and an NCCL plane refuses it (a forward cannot carry a mesh).
     tunnel: bool = False
+    gpu_ram_share: float | None = Field(None, gt=0, allow_inf_nan=False)  # cluster.workers[].gpu_ram_share
 
 
 def for_worker(worker: Worker, **dial: object) -> AgentSpec:
@@ -48,6 +49,7 @@ def for_worker(worker: Worker, **dial: object) -> AgentSpec:
             "env": worker.env,
             "socket_ifname": worker.nccl_socket_ifname or "",
             **({"libtorch": worker.arch} if worker.arch else {}),
+            **({"gpu_ram_share": worker.gpu_ram_share} if worker.gpu_ram_share is not None else {}),
             **dial,
         }
     )

@@ -46,6 +46,7 @@ def this_box(options: AgentOptions) -> Box:
         data_path=options.data_path,
         env=options.env,
         ifnames=socket_ifnames(options.socket_ifname),  # against /sys/class/net
+        gpu_ram_share=options.gpu_ram_share,
     )
 
 

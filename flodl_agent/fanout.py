@@ -87,6 +87,25 @@ def worker_ssh(worker: Worker, extra: list[str] | tuple[str, ...] = ()) -> list[
     )
 
 
+async def ask(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+    """Run one ssh session to its end: (exit code, stdout, stderr). Raises OSError when ssh
+    cannot start, TimeoutError (the session killed) when it does not end within ``timeout``."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, errout = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    return proc.returncode or 0, out, errout
+
+
 # The worker role's home (flodl_worker_home's default), which holds libtorch/<variant>: where
 # a worker with an ``arch`` but no checkout ``path`` finds its variant's venv.
 ROLE_HOME = "/opt/flodl"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,11 +12,12 @@ from .address import is_loopback
 from .config.models import Cluster
 from .config.problems import format_path
 from .controller import Controller, Settings
+from .dispatch import DispatchError, count_devices
 from .errors import Failure
 from .fanout import Fanout, FanoutError, plan
 from .listener import BindError
 from .messages import Plane
-from .ranks import plan_window
+from .ranks import CapacityUnknown, fanout_ranks, plan_window
 from .window import WindowConfig
 
 
@@ -36,13 +37,23 @@ class LaunchOptions:
     parallelism: dict[str, int] | None = None
 
 
-def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]) -> Controller:
+def controller_for(
+    cluster: Cluster,
+    options: LaunchOptions,
+    log: Callable[[str], None],
+    probed: Mapping[str, int] | None = None,
+) -> Controller:
+    """``probed``: the ranks of each worker offering ``all``, counted at dispatch."""
     join = cluster.controller.join
     try:
-        window = WindowConfig.from_plan(plan_window(join, cluster.capacity), discovery=join.discovery)
+        window = WindowConfig.from_plan(
+            plan_window(join, capacity(cluster, probed)), discovery=join.discovery
+        )
     except ValueError as exc:
         raise LaunchError(
-            str(exc), "list devices explicitly, or set cluster.controller.join.min_rank_start"
+            str(exc),
+            "list devices explicitly, set cluster.controller.join.min_rank_start, or launch with "
+            "fan-out (it counts `all` workers over ssh)",
         ) from None
     plane = options.plane or cluster.plane or "cpu"
     if refused := cluster.plane_rules(plane):
@@ -76,6 +87,16 @@ def controller_for(cluster: Cluster, options: LaunchOptions, log: Callable[[str]
     return Controller(settings, log=log)
 
 
+def capacity(cluster: Cluster, probed: Mapping[str, int] | None) -> int | None:
+    """The configured ranks, with the counted ``all`` workers; ``None`` while one is uncounted."""
+    if cluster.capacity is not None or not probed:
+        return cluster.capacity
+    try:
+        return sum(r.count for r in fanout_ranks(cluster, probed))
+    except CapacityUnknown:
+        return None
+
+
 async def launch(
     cluster: Cluster,
     options: LaunchOptions,
@@ -85,7 +106,12 @@ async def launch(
 ) -> int:
     """Run one launch to its verdict; ``watch`` (a live display) runs alongside, and
     ``report`` gets the run's report (the world as formed, every rank's exit) at the end."""
-    controller = controller_for(cluster, options, log)
+    try:
+        # `local_devices: all` workers are counted before the window's plan is fixed.
+        probed = await count_devices(cluster, log) if options.fanout else {}
+    except DispatchError as exc:
+        raise LaunchError(exc.message, exc.fix) from None
+    controller = controller_for(cluster, options, log, probed)
     try:
         await controller.start()
     except BindError as exc:
@@ -109,9 +135,10 @@ async def launch(
         if cluster.controller.join.discovery:
             return
         waiting = [w for h, w in by_host.items() if h not in controller.links and fanout.alive(h)]
-        if any(w.capacity is None for w in waiting):
-            return  # a worker offering `all` may still bring any number of ranks
-        if window.joined_ranks + sum(w.capacity or 0 for w in waiting) < window.config.quorum:
+        counts = [w.capacity if w.capacity is not None else probed.get(w.host) for w in waiting]
+        if None in counts:
+            return  # a worker offering `all`, uncounted, may still bring any number of ranks
+        if window.joined_ranks + sum(c or 0 for c in counts) < window.config.quorum:
             controller.fail(
                 f"fan-out to {host} failed (ssh exit {code}{': ' + tail if tail else ''}); "
                 f"quorum {window.config.quorum} is out of reach"

@@ -91,6 +91,7 @@ class JoinSettings:
     tls_fingerprint: str
     persist: bool
     notes: tuple[str, ...] = ()
+    gpu_ram_share: float | None = None
 
 
 def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
@@ -175,6 +176,8 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         tls_fingerprint=pin or block.tls_fingerprint or "",
         persist=block.persist if flags.persist is None else flags.persist,
         notes=tuple(notes),
+        # The box's own join block beats its cluster entry (a later road knows the box better).
+        gpu_ram_share=block.gpu_ram_share if block.gpu_ram_share is not None else spec.gpu_ram_share,
     )
 
 

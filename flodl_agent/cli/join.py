@@ -177,6 +177,7 @@ def join_cmd(
         data_source=settings.data_source,
         args=settings.args,
         tls_fingerprint=settings.tls_fingerprint,
+        gpu_ram_share=settings.gpu_ram_share,
     )
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
 

@@ -71,8 +71,9 @@ def _max_failure(value: str) -> str:
     "--fanout/--no-fanout",
     default=True,
     show_default=True,
-    help="Start an agent on every configured worker over ssh. --no-fanout when the workers run "
-    "their own join unit (fdl join --persist).",
+    help="Start an agent on every configured worker over ssh, after counting the GPUs of those that "
+    "offer `local_devices: all`. --no-fanout when the workers run their own join unit "
+    "(fdl join --persist).",
 )
 @click.option(
     "--max-failure",

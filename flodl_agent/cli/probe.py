@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..config import Cluster, ConfigError, load_config
+from ..findings import Finding
 from ..options import OptionError, probe_join
-from ..probe import Finding
 from .common import CLUSTER_FILE, base_opt, emit_json, err, json_opt, option_error, out, project_file
 from .join import read_spec
 
@@ -42,8 +42,10 @@ def probe(
     """Check this box before it walks in (or runs a controller).
 
     torch and its variant against this box's GPUs, NCCL, the socket interface,
-    the data root, the node-local cache, the controller (through the join's ssh
-    forward when it has one), the controller port, and stale config keys.
+    the data root (data_path and its signature; with none declared, the
+    /flodl/data convention, where absence is fine), the node-local cache, the
+    controller (through the join's ssh forward when it has one), the
+    controller port, and stale config keys.
     Exit 0 when nothing failed, 1 otherwise.
     """
     from ..probe import as_json_payload, check, gather

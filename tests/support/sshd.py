@@ -10,7 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +67,9 @@ def _keygen(path: Path) -> None:
 
 
 @contextmanager
-def serve(home: Path) -> Iterator[Sshd]:
-    """An sshd in ``home`` (created here) for the length of the block; the client key authorized."""
+def serve(home: Path, env: Mapping[str, str] | None = None) -> Iterator[Sshd]:
+    """An sshd in ``home`` (created here) for the length of the block; the client key authorized.
+    ``env``: set in every session (sshd's SetEnv), e.g. a PATH with fake vendor tools first."""
     home.mkdir()
     _keygen(home / "host_key")
     _keygen(home / "client_key")
@@ -82,6 +83,7 @@ def serve(home: Path) -> Iterator[Sshd]:
         f"AuthorizedKeysFile {authorized}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nAllowTcpForwarding yes\n"
         "Subsystem sftp internal-sftp\nLogLevel ERROR\n"
+        + "".join(f"SetEnv {key}={value}\n" for key, value in (env or {}).items())
     )
     Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
     server = Sshd(port, home, home / "client_key", known, authorized)

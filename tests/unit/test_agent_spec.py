@@ -62,6 +62,14 @@ def test_unknown_fields_from_a_newer_launcher_are_ignored() -> None:
     assert decode(b'{"host": "h", "future": 1}'.hex()).host == "h"
 
 
+def test_a_workers_gpu_ram_share_travels_in_the_spec_and_stays_out_when_unset() -> None:
+    builder = ClusterBuilder().controller("h").worker("apu", gpu_ram_share=0.75, nccl_socket_ifname="eth0")
+    cluster = builder.worker("plain", nccl_socket_ifname="eth0").build()
+    apu, plain = (decode(encode(for_worker(w)).decode()) for w in cluster.workers)
+    assert apu.gpu_ram_share == 0.75
+    assert plain.gpu_ram_share is None and "gpu_ram_share" not in plain.model_dump(exclude_unset=True)
+
+
 def test_a_workers_arch_travels_as_the_specs_libtorch() -> None:
     cluster = ClusterBuilder().controller("10.0.0.1").worker("node-a", arch="precompiled/cu128").build()
     spec = decode(encode(for_worker(cluster.workers[0])).decode())

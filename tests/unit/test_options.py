@@ -178,6 +178,12 @@ def test_join_env_merges_the_block_under_the_spec_per_key() -> None:
     assert settings.env == {"A": "s", "B": "s", "C": "b"}
 
 
+def test_join_gpu_ram_share_takes_the_boxs_block_over_its_cluster_entry() -> None:
+    assert join(ADDR, {"gpu_ram_share": 0.75}, {}).gpu_ram_share == 0.75  # the worker entry (fan-out)
+    assert join(ADDR, {"gpu_ram_share": 0.75}, {"gpu_ram_share": 0.9}).gpu_ram_share == 0.9
+    assert join(ADDR, {}, {}).gpu_ram_share is None
+
+
 def test_join_passes_source_and_data_source_through_from_the_block() -> None:
     block = {"source": {"from": "file:///srv/run"}, "data_path": "/data", "data_source": "sshfs://h:/data"}
     settings = join({**ADDR}, {}, block)
