@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from .address import join_address, split_address
 from .config.models import Cluster, Join
-from .gpus import Card, Torch, discover, read_torch
+from .gpus import AmdAccess, Card, Torch, amd_access, discover, read_torch
 from .net import DEAD_MOUNT, socket_ifnames
-from .offer import kernel_gap
+from .offer import amd_gaps, kernel_gap
 from .retry import AgentFailure
 from .status import Unreachable, request
 from .tunnel import Tunnel
@@ -55,6 +55,7 @@ class Facts:
     controller: dict[str, Any] = field(default_factory=dict)  # addr, phase or error
     port: dict[str, Any] = field(default_factory=dict)  # controller side: port, free, answered
     tools: dict[str, bool] = field(default_factory=dict)  # walk-in tooling on PATH (and /dev/fuse)
+    amd: AmdAccess = field(default_factory=AmdAccess)  # /dev/kfd, render nodes, groups, ROCm runtime
 
 
 # --- the pure part --------------------------------------------------------------
@@ -63,6 +64,9 @@ class Facts:
 def check(facts: Facts, join: Join | None = None, cluster: Cluster | None = None) -> list[Finding]:
     controller_only = join is None and cluster is not None
     found = [*_torch(facts, controller_only), *_gpus(facts, join)]
+    if facts.torch.usable_gpus == 0:  # the agent's gate words the same causes the same way
+        gaps = amd_gaps(facts.amd, bool(facts.torch.hip))
+        found += [Finding("amd", "fail", f"no usable GPU: {g.message}", g.fix) for g in gaps]
     if join is not None:
         found += _ifname(join.nccl_socket_ifname or "", facts.interfaces, "join.nccl_socket_ifname")
         found += _data(facts)
@@ -369,7 +373,7 @@ def _cluster(cluster: Cluster, facts: Facts) -> list[Finding]:
 
 def gather(join: Join | None, cluster: Cluster | None, dial: bool = True) -> Facts:
     gpus, archs = discover()
-    facts = Facts(torch=read_torch(), gpus=gpus, archs=archs, interfaces=_interfaces())
+    facts = Facts(torch=read_torch(), gpus=gpus, archs=archs, interfaces=_interfaces(), amd=amd_access())
     if join is not None:
         facts.tools = {
             tool: (Path("/dev/fuse").exists() if tool == "fuse" else shutil.which(tool) is not None)

@@ -119,7 +119,9 @@ def launch(
     """Open the join window and run COMMAND on every admitted rank.
 
     COMMAND (after --) is the run's entry point and arguments, stated once here
-    and sent to every agent. Exit 0 when the run is done, 1 when it failed.
+    and sent to every agent. Exit 0 when the run is done, 1 when it failed,
+    130 (143) when the operator stopped it with Ctrl-C (SIGTERM): every agent
+    is told the operator stopped the launch.
     """
     loaded = load(config_file, base, False)
     options = LaunchOptions(
@@ -157,4 +159,7 @@ def launch_loaded(
     except LaunchError as exc:
         err.print(f"fdl launch: {exc.render()}", style="red", markup=False)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's stop was under way
+        err.print("fdl launch: interrupted again: stopped at once", style="red", markup=False)
+        raise SystemExit(130) from None
     raise SystemExit(code)

@@ -41,7 +41,8 @@ def probe(
 ) -> None:
     """Check this box before it walks in (or runs a controller).
 
-    torch and its variant against this box's GPUs, NCCL, the socket interface,
+    torch and its variant against this box's GPUs, NCCL, an AMD box's access
+    (/dev/kfd, the render nodes and groups, the ROCm runtime), the socket interface,
     the data root, the node-local cache, the controller (through the join's ssh
     forward when it has one), the controller port, and stale config keys.
     Exit 0 when nothing failed, 1 otherwise.
