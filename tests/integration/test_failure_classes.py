@@ -60,8 +60,7 @@ def test_a_tunnel_only_key_mounts_nothing_permanently_and_names_door_a(tmp_path:
     sshd.authorize(TUNNEL_ONLY)
     root = tmp_path / "data"
     root.mkdir()
-    ssh = Ssh(target="127.0.0.1", port=sshd.port, user="root", identity_file=str(sshd.client_key))
-    ssh = ssh.model_copy(update={"options": sshd.options})
+    ssh = sshd.door()
     spec = f"sshfs://root@127.0.0.1:{sshd.port}:{root}"
 
     async def tunnel_works() -> None:  # the same key's ssh -N sails through
@@ -230,9 +229,8 @@ def test_fdl_join_says_it_once_and_exits_transient() -> None:
         await ctl.start()
         logs: list[str] = []
         assert await join(agent(ctl, "box-a"), persist=False, log=logs.append) == TRANSIENT
-        assert any(line.startswith("a rank failed on box-a: rank 0 exited with code 3") for line in logs), (
-            logs
-        )
+        said = [line for line in logs if "rank failed" in line]
+        assert said == ["a rank failed on box-a: rank 0 exited with code 3; the run ended with errors"], logs
         await ctl.close()
 
     run(scenario)
