@@ -41,6 +41,7 @@ from .rank_env import rank_envs
 from .rendezvous import StreamRelay, serve_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from .streams import DIAL_TIMEOUT, dial, next_event, write_parts
+from .supervision import ranks_failed
 from .tunnel import Tunnel
 
 # A tunnel's door that does not permit the forward accepts, then hangs up.
@@ -124,7 +125,10 @@ class Attempt:
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, road: str) -> int:
         client = JoinClient(self.options.key)
         writer.write(client.start())
-        if isinstance(await next_event(reader, client, DIAL_TIMEOUT), Closed):
+        first = await next_event(reader, client, DIAL_TIMEOUT)
+        if isinstance(first, Refused):  # turned away before any frame: rate-limited
+            raise Transient(f"refused: {first.reject.reason}", first.reject.fix)
+        if isinstance(first, Closed):
             # Through a tunnel, a door that forbids the forward accepts and hangs up.
             raise Transient("the connection to the controller broke before its challenge", BROKE_FIX)
         writer.write(client.hello(self.hello()))
@@ -276,7 +280,10 @@ class Attempt:
             writer.write_eof()
         with contextlib.suppress(TimeoutError, ConnectionError):
             await asyncio.wait_for(_until_eof(reader), CLOSE_TIMEOUT)
-        return CLEAN if all(c == 0 for c in codes) else TRANSIENT
+        if any(c != 0 for c in codes):
+            self.log(ranks_failed(self.options.host, dict(enumerate(codes, mine.first_rank))))
+            return TRANSIENT
+        return CLEAN
 
     async def _rank(
         self,
@@ -441,8 +448,6 @@ async def _join_loop(
             code = await join_once(options, log, on_wait)
             if code == CLEAN:
                 log(f"run finished cleanly on {options.host}")
-            else:
-                log("a rank failed; the run ended with errors")
         except AgentFailure as exc:
             log(exc.render())
             code = exc.code

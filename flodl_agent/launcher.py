@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import secrets
+import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .address import is_loopback
+from .address import is_loopback, join_address
 from .config.models import Cluster
 from .config.problems import format_path
 from .controller import Controller, Settings
@@ -35,6 +38,75 @@ class LaunchOptions:
     max_failure: str = "0"
     stall_ceiling: float = 600.0
     parallelism: dict[str, int] | None = None
+
+
+def bind_failure(exc: BindError, bind: str, port: int) -> LaunchError:
+    """Why the port did not open, by its errno, and the fix for that cause."""
+    where = f"cannot open the join window on {join_address(bind, port)}"
+    if exc.errno == errno.EADDRINUSE:
+        return LaunchError(
+            f"{where}: port {port} is already in use",
+            "another controller may hold the port; pick one with --port",
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return LaunchError(
+            f"{where}: address {bind} is not on this host",
+            "bind one of its addresses, 0.0.0.0, or fix cluster.controller.host (--bind overrides it)",
+        )
+    if exc.errno is not None and exc.errno < 0:  # getaddrinfo's codes: the name does not resolve
+        return LaunchError(
+            f"{where}: the name {bind} does not resolve",
+            "bind one of this host's addresses, 0.0.0.0, or fix cluster.controller.host",
+        )
+    if exc.errno == errno.EACCES:
+        return LaunchError(str(exc), "a port below 1024 needs privileges: pick another with --port")
+    if exc.errno is None:
+        return LaunchError(str(exc), "check cluster.controller.tls: the cert and key files and their pair")
+    return LaunchError(str(exc), "pick another address with --bind or port with --port")
+
+
+class OperatorStop:
+    """SIGINT or SIGTERM on the controller: the operator's stop, not a host's fault.
+
+    The run fails with a reason that says so, which rides the Abort to every agent;
+    the launch then exits 128 + the signal (130 for Ctrl-C), the shell's convention, so
+    no wrapper mistakes it for a transient failure to relaunch. A second signal stops at once.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, controller: Controller, log: Callable[[str], None]) -> None:
+        self.controller = controller
+        self.log = log
+        self.signal: signal.Signals | None = None
+        self._installed: list[signal.Signals] = []
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not the main thread
+                loop.add_signal_handler(sig, self._stop, sig)
+                self._installed.append(sig)
+
+    def remove(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._installed:
+            loop.remove_signal_handler(self._installed.pop())
+
+    def _stop(self, sig: signal.Signals) -> None:
+        self.remove()
+        if self.controller.finished.is_set():
+            return  # the run already has its verdict; the launch is closing
+        self.signal = sig
+        self.log(f"{sig.name}: the operator stopped the launch; telling every host")
+        self.controller.fail(f"the operator stopped the launch ({sig.name} on the controller)")
+
+    def exit_code(self, verdict: int) -> int:
+        """The launch's exit code: the run's verdict, or 128 + the operator's signal (said)."""
+        if self.signal is None:
+            return verdict
+        self.log(f"launch stopped by the operator ({self.signal.name}): exit {128 + self.signal}")
+        return 128 + self.signal
 
 
 def controller_for(
@@ -115,7 +187,7 @@ async def launch(
     try:
         await controller.start()
     except BindError as exc:
-        raise LaunchError(str(exc), "another controller may hold the port; pick one with --port") from None
+        raise bind_failure(exc, controller.settings.bind, controller.settings.port) from None
     settings = controller.settings
     mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
     window = settings.window
@@ -145,6 +217,8 @@ async def launch(
             )
 
     fanout = Fanout(log, session_ended)
+    stop = OperatorStop(controller, log)
+    stop.install()
     try:
         if options.fanout and cluster.workers:
             try:
@@ -162,8 +236,9 @@ async def launch(
         if watcher is not None:
             watcher.cancel()
     finally:
+        stop.remove()
         await controller.close()
         await fanout.stop()
     if report is not None:
         report(controller.view.report())
-    return controller.exit_code
+    return stop.exit_code(controller.exit_code)

@@ -24,9 +24,9 @@ from .address import join_address, split_address
 from .config.models import Cluster, Join
 from .data_root import CONVENTION, data_facts, data_findings
 from .findings import Finding as Finding  # re-exported: callers still name it probe.Finding
-from .gpus import Card, Torch, discover, read_torch
+from .gpus import AmdAccess, Card, Torch, amd_access, discover, read_torch
 from .net import socket_ifnames
-from .offer import kernel_gap
+from .offer import amd_gaps, kernel_gap
 from .retry import AgentFailure
 from .status import Unreachable, request
 from .tunnel import Tunnel
@@ -47,6 +47,7 @@ class Facts:
     controller: dict[str, Any] = field(default_factory=dict)  # addr, phase or error
     port: dict[str, Any] = field(default_factory=dict)  # controller side: port, free, answered
     tools: dict[str, bool] = field(default_factory=dict)  # walk-in tooling on PATH (and /dev/fuse)
+    amd: AmdAccess = field(default_factory=AmdAccess)  # /dev/kfd, render nodes, groups, ROCm runtime
 
 
 # --- the pure part --------------------------------------------------------------
@@ -55,6 +56,9 @@ class Facts:
 def check(facts: Facts, join: Join | None = None, cluster: Cluster | None = None) -> list[Finding]:
     controller_only = join is None and cluster is not None
     found = [*_torch(facts, controller_only), *_gpus(facts, join), *data_findings(facts.data)]
+    if facts.torch.usable_gpus == 0:  # the agent's gate words the same causes the same way
+        gaps = amd_gaps(facts.amd, bool(facts.torch.hip))
+        found += [Finding("amd", "fail", f"no usable GPU: {g.message}", g.fix) for g in gaps]
     if join is not None:
         found += _ifname(join.nccl_socket_ifname or "", facts.interfaces, "join.nccl_socket_ifname")
         found += _tooling(join, facts)
@@ -328,7 +332,7 @@ def gather(
 ) -> Facts:
     """``convention``: the data root checked when no data_path is declared."""
     gpus, archs = discover()
-    facts = Facts(torch=read_torch(), gpus=gpus, archs=archs, interfaces=_interfaces())
+    facts = Facts(torch=read_torch(), gpus=gpus, archs=archs, interfaces=_interfaces(), amd=amd_access())
     if join is not None:
         facts.tools = {
             tool: (Path("/dev/fuse").exists() if tool == "fuse" else shutil.which(tool) is not None)

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 from rich.table import Table
 from rich.text import Text
 
+from . import wire
 from .address import join_address, split_address
 from .pin import PinMismatch, check_pin
 from .tls import client_context
@@ -77,6 +78,10 @@ def request(
     except PinMismatch as exc:
         raise Unreachable(exc.render()) from None
     except (OSError, http.client.HTTPException) as exc:
+        if isinstance(exc, http.client.BadStatusLine) and str(exc).encode() == wire.RATE_LIMITED:
+            raise Unreachable(
+                f"the controller at {addr} rate-limits this address after bad requests (a wrong token?): wait"
+            ) from None
         raise Unreachable(f"no controller answers at {addr} ({exc})") from None
     finally:
         conn.close()

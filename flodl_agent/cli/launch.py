@@ -122,7 +122,9 @@ def launch(
     COMMAND (after --) is the run's entry point and arguments, stated once here
     and sent to every agent: what a walk-in's ranks run unless it brings its own
     (fdl join --bin PATH -- ARGS) or fetched a published run, whose manifest wins.
-    The log names what each host runs. Exit 0 when the run is done, 1 when it failed.
+    The log names what each host runs. Exit 0 when the run is done, 1 when it failed,
+    130 (143) when the operator stopped it with Ctrl-C (SIGTERM): every agent
+    is told the operator stopped the launch.
     """
     loaded = load(config_file, base, False)
     options = LaunchOptions(
@@ -160,4 +162,7 @@ def launch_loaded(
     except LaunchError as exc:
         err.print(f"fdl launch: {exc.render()}", style="red", markup=False)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's stop was under way
+        err.print("fdl launch: interrupted again: stopped at once", style="red", markup=False)
+        raise SystemExit(130) from None
     raise SystemExit(code)

@@ -41,7 +41,8 @@ def probe(
 ) -> None:
     """Check this box before it walks in (or runs a controller).
 
-    torch and its variant against this box's GPUs, NCCL, the socket interface,
+    torch and its variant against this box's GPUs, NCCL, an AMD box's access
+    (/dev/kfd, the render nodes and groups, the ROCm runtime), the socket interface,
     the data root (data_path and its signature; with none declared, the
     /flodl/data convention, where absence is fine), the node-local cache, the
     controller (through the join's ssh forward when it has one), the

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from flodl_agent.agent import AgentFailure, AgentOptions
-from flodl_agent.config import DeviceOffer, Ssh
+from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
 from tests.support.control_plane import run, settings, walk_in
 from tests.support.sshd import Sshd
@@ -23,13 +23,7 @@ def _through(server: Sshd, ctl: Controller, host: str) -> AgentOptions:
         controller_port=ctl.port,
         host=host,
         devices=DeviceOffer("cpu", cpus=1),
-        ssh=Ssh(
-            target="127.0.0.1",
-            port=server.port,
-            user="root",
-            identity_file=str(server.client_key),
-            options=server.options,
-        ),
+        ssh=server.door(),
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from flodl_agent.config import ClusterBuilder
+from flodl_agent.config.models import Ssh
 from tests.support import free_port
 
 SSHD = Path("/usr/sbin/sshd")
@@ -42,6 +43,16 @@ class Sshd:
     @property
     def options(self) -> list[str]:
         return [f"UserKnownHostsFile={self.known_hosts}", "StrictHostKeyChecking=yes"]
+
+    def door(self) -> Ssh:
+        """A join block's ssh: for this server as the door (root on loopback, the client key)."""
+        return Ssh(
+            target="127.0.0.1",
+            port=self.port,
+            user="root",
+            identity_file=str(self.client_key),
+            options=self.options,
+        )
 
     def authorize(self, line_prefix: str = "") -> None:
         """Authorize the client key, optionally behind key options (the door recipe)."""

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flodl_agent.cluster_probe import Report, across
 from flodl_agent.cluster_probe import as_json as cluster_json
 from flodl_agent.config import DeviceOffer
 from flodl_agent.config.models import Cluster, Join
 from flodl_agent.data_root import data_findings
-from flodl_agent.gpus import Torch
+from flodl_agent.gpus import AmdAccess, Torch
+from flodl_agent.offer import resolve_offer
 from flodl_agent.probe import Facts, Finding, check
+from flodl_agent.retry import Permanent
 
 CPU_TORCH = Torch(version="2.13.0+cpu", gloo=True)
 CUDA_TORCH = Torch(version="2.13.0+cu128", cuda="12.8", usable_gpus=2, nccl="2.27.3", gloo=True)
@@ -32,6 +36,24 @@ def test_a_cuda_torch_on_an_amd_box_and_a_gpu_build_on_a_cpu_box() -> None:
     assert levels(bare, "variant") == ["warn"]
     good = check(Facts(torch=CUDA_TORCH, gpus={"nvidia": ["A100", "A100"]}))
     assert levels(good, "variant") == [] and levels(good, "nccl") == ["ok"]
+
+
+def test_an_amd_box_out_of_reach_reads_as_the_agents_gate_words_it() -> None:
+    fresh = AmdAccess(gpus=["gfx942"], kfd="Permission denied", render={"renderD128": "ok"}, user="flodl")
+    found = [
+        f for f in check(Facts(torch=CPU_TORCH, gpus={"amd": ["AMD gfx942"]}, amd=fresh)) if f.check == "amd"
+    ]
+    with pytest.raises(Permanent) as caught:
+        resolve_offer(DeviceOffer("all"), CPU_TORCH, [], fresh)
+    gate = caught.value
+    assert [f.level for f in found] == ["fail", "fail"]  # no ROCm runtime; /dev/kfd denied
+    assert gate.message == "no usable GPU: " + "; and ".join(
+        f.message.removeprefix("no usable GPU: ") for f in found
+    )
+    assert gate.fix == "; ".join(f.fix for f in found)
+    assert "sudo usermod -aG render,video flodl" in found[1].fix
+    seen = Torch(version="2.13.0+rocm6.4", hip="6.4", usable_gpus=1)  # torch reaches the card: nothing to say
+    assert levels(check(Facts(torch=seen, gpus={"amd": ["AMD gfx942"]}, amd=fresh)), "amd") == []
 
 
 def test_no_torch_fails_a_worker_but_not_a_controller() -> None:
