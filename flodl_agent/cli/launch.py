@@ -120,6 +120,9 @@ def launch(
 
     COMMAND (after --) is the run's entry point and arguments, stated once here
     and sent to every agent. Exit 0 when the run is done, 1 when it failed.
+    Watched (a status page, fdl status --watch), the port serves the final phase
+    a few seconds after the verdict; as it closes, the run's report is kept in
+    ~/.flodl/controller/verdict-PORT.json, where fdl status finds it.
     """
     loaded = load(config_file, base, False)
     options = LaunchOptions(
