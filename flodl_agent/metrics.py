@@ -53,7 +53,7 @@ class RateWindow:
         return (step - first_step) / (at - first_at) if at > first_at else None
 
 
-_RATE = RateWindow()  # this process's ranks' reports (one rank per process)
+_RATE = RateWindow()  # the reports of this process's rank (a rank is a process)
 
 
 def report(step: int, loss: float | None = None) -> None:
