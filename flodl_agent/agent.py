@@ -38,6 +38,7 @@ from .offer import Offer
 from .prepare import Prepared
 from .publish import entry_command
 from .rank_env import rank_envs
+from .ranks import rank_span
 from .rendezvous import StreamRelay, serve_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from .streams import DIAL_TIMEOUT, dial, next_event, write_parts
@@ -51,6 +52,7 @@ BROKE_FIX = (
 )
 KILL_GRACE = 5.0
 HEARTBEAT_EVERY = 5.0  # seconds between beats while ranks train (the controller waits 30 by default)
+FIRST_BEAT = 1.0  # seconds from the ranks' start to the first beat
 CLOSE_TIMEOUT = 10.0
 
 
@@ -145,8 +147,8 @@ class Attempt:
         assert isinstance(answer, Accepted)
         first_rank, count = answer.accept.ranks
         self.log(
-            f"admitted as {self.options.host}: ranks [{first_rank}..{first_rank + count}) (provisional); "
-            "waiting for the world to form"
+            f"admitted as {self.options.host}: {rank_span(range(first_rank, first_rank + count), noun=True)} "
+            "(provisional); waiting for the world to form"
         )
         self.on_wait(True)
         try:
@@ -213,7 +215,7 @@ class Attempt:
         command = self.command(world)
         self.log(
             f"world formed: {world.world_size} ranks; this host runs "
-            f"[{mine.first_rank}..{mine.first_rank + mine.count})"
+            f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)}"
         )
         relay, store, store_port = await self._rendezvous(world, writer, client)
 
@@ -269,7 +271,8 @@ class Attempt:
                 drained.cancel()
         finally:
             abort.cancel()
-            beat.cancel()
+            beat.cancel()  # its last beat carries the ranks' final reports: before the half-close
+            await asyncio.gather(beat, return_exceptions=True)
             await relay.close()
             await averager.close()
             del store
@@ -359,12 +362,26 @@ async def _heartbeat(
     writer: asyncio.StreamWriter, client: JoinClient, reports: dict[int, Path], every: float
 ) -> None:
     """Tell the controller this host is alive while its ranks train (its watchdog's input),
-    with the ranks' latest progress reports (the status page's and /metrics' input)."""
-    while True:
-        await asyncio.sleep(every)
+    with the ranks' latest progress reports (the status page's and /metrics' input).
+
+    The first beat comes after a second, not a period (the page shows progress as soon
+    as there is some), and a last one when the ranks end (their final step and loss)."""
+
+    def beat() -> None:
         # msgpack maps take string keys only: the controller reads the ranks back as ints.
         ranks = {str(rank): body for rank, body in read_reports(reports).items()}
         write_parts(writer, client.send(wire.Kind.HEARTBEAT, {"ranks": ranks}))
+
+    try:
+        await asyncio.sleep(min(every, FIRST_BEAT))
+        while True:
+            beat()
+            await asyncio.sleep(every)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # a link already gone takes no last beat
+            if not writer.is_closing():
+                beat()
+        raise
 
 
 async def output_lines(stream: asyncio.StreamReader, longest: int = 16384) -> AsyncIterator[str]:

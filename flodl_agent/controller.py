@@ -36,7 +36,7 @@ from .messages import Average, BadMessage, Heartbeat, Hello, Plane, RankExited, 
 from .metrics import RankBoard
 from .placement.fleet import PlacementError
 from .placement.parallel import check_world
-from .ranks import RankRange, assign_contiguous
+from .ranks import RankRange, assign_contiguous, rank_span
 from .rendezvous import StreamRouter
 from .streams import next_event, write_parts
 from .supervision import Cut, Evict, FailRun, Limits, Shutdown, Stalled, Supervisor, Verdict
@@ -113,6 +113,7 @@ class Controller:
         self.links: dict[str, Link] = {}
         self.cohort = Cohort()
         self.view = ControllerView(self)
+        self.note = self.view.note  # log an event of the window, and keep it for the page's timeline
         self.listener = Listener(
             settings.bind,
             settings.port,
@@ -182,7 +183,7 @@ class Controller:
         elif isinstance(decision, Fail):
             self._fail(decision.reason)
         elif self.window.phase == "done":
-            self.log("run complete: every host link closed")
+            self.note("verdict", "run complete: every host link closed")
             self.exit_code = 0
             self.finished.set()
         self._timer = self._arm(self._timer, self.window.next_deadline(), self._decide)
@@ -260,10 +261,10 @@ class Controller:
         except Exception as exc:  # a formation that cannot ship must fail loudly, not hang
             self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
             return
-        self.log(f"world formed: {common['world_size']} ranks on {len(ranges)} hosts; training")
+        self.note("formed", f"world formed: {common['world_size']} ranks on {len(ranges)} hosts; training")
 
     def _fail(self, reason: str) -> None:
-        self.log(f"run failed: {reason}")
+        self.note("verdict", f"run failed: {reason}")
         self.reason = reason
         for link in self.links.values():
             with contextlib.suppress(Exception):
@@ -291,11 +292,11 @@ class Controller:
         if verdict is None:
             return False
         if isinstance(verdict, Evict):
-            self.log(verdict.describe())
+            self.note("eviction", verdict.describe())
             return True
         if isinstance(verdict, Cut):
             # The backstop behind exit reports and link ends: a frozen agent, or a partition without a reset.
-            self.log(f"host {verdict.host} sent nothing for {verdict.silence:.0f}s; cutting its link")
+            self.note("cut", f"host {verdict.host} sent nothing for {verdict.silence:.0f}s; cutting its link")
             link = self.links.get(verdict.host)
             if link is not None:
                 link.writer.close()
@@ -310,7 +311,7 @@ class Controller:
                 f"waiting on {missing}"
             )
         if isinstance(verdict, Shutdown):
-            self.log(f"ShutdownWithSave: {verdict.reason}; rank {verdict.saver} saves a checkpoint")
+            self.note("save", f"ShutdownWithSave: {verdict.reason}; rank {verdict.saver} saves a checkpoint")
             assert self.traffic is not None  # only averaging ranks are asked to save
             self.traffic.shutdown()
             self._rearm()  # the grace's deadline
@@ -369,7 +370,7 @@ class Controller:
         refusal = self._admit(hello)
         if refusal is not None:
             self.refused[refusal.code] += 1
-            self.log(f"refused {hello.host or peer}: {refusal.reason}")
+            self.note("refusal", f"refused {hello.host or peer}: {refusal.reason}")
             writer.write(conn.refuse(refusal.reason, refusal.fix, permanent=refusal.permanent))
             await writer.drain()
             return None
@@ -382,9 +383,9 @@ class Controller:
         # may trigger) speaks this connection's key.
         writer.write(conn.accept(first, count))
         self.admitted += 1
-        self.log(
-            f"admitted {hello.host} ({peer}): ranks [{first}..{first + count}) on {', '.join(hello.devices)}"
-            f"; runs {hello.runs}"
+        span = rank_span(range(first, first + count), noun=True)
+        self.note(
+            "join", f"admitted {hello.host} ({peer}): {span} on {', '.join(hello.devices)}; runs {hello.runs}"
         )
         self._apply(decision)
         try:
@@ -448,7 +449,7 @@ class Controller:
             return
         if supervisor.all_exited(host) and self.traffic is not None:
             self.traffic.ranks_done(host)
-        self.log(f"rank {exited.rank} on {host} exited with code {exited.code}")
+        self.note("exit", f"rank {exited.rank} on {host} exited with code {exited.code}")
         if exited.code != 0 and self.window.phase == "training":
             self._rank_failed(f"rank {exited.rank} on {host} exited with code {exited.code}", {exited.rank})
 
@@ -482,7 +483,7 @@ class Controller:
             return
         supervisor = self.supervisor
         if supervisor is not None and supervisor.shutdown:
-            self.log(f"host {host} closed its link")
+            self.note("leave", f"host {host} closed its link")
             if not self.links:  # every survivor has saved and gone
                 self._apply(self.window.fail(supervisor.shutdown, self.clock()))
             return
@@ -491,7 +492,7 @@ class Controller:
             verdict = supervisor.host_closed(host, averaging=averaging, now=self.clock())
             if verdict is not None and not self._verdict(verdict):
                 return
-        self.log(f"host {host} closed its link")
+        self.note("leave", f"host {host} closed its link")
         self._apply(self.window.leave(host, self.clock()))
 
     # --- the status surface's one action (its views: ControllerView) ------------------
@@ -510,7 +511,7 @@ class Controller:
                 return 403, {"error": "bad token: pass the run's join.token (FDL_TOKEN or --token -)"}
         reply = self.window.request_start(self.clock())
         if reply.accepted:
-            self.log("operator start accepted")
+            self.note("start", "operator start accepted")
             self._apply(self.window.decide(self.clock()))
             return reply.status, {"armed": True, "reason": reply.reason}
         return reply.status, {"armed": False, "error": reply.reason}

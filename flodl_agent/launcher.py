@@ -21,7 +21,12 @@ from .fanout import Fanout, FanoutError, plan
 from .listener import BindError
 from .messages import Plane
 from .ranks import CapacityUnknown, fanout_ranks, plan_window
+from .verdict import keep_verdict
 from .window import WindowConfig
+
+LINGER = 3.0  # a watcher polling once a second sees the final phase within it
+LINGER_CAP = 10.0  # however slow the watcher, the port closes by then
+WATCHED = 5.0  # a poll of /state.json this recent means someone is watching
 
 
 class LaunchError(Failure):
@@ -38,6 +43,7 @@ class LaunchOptions:
     max_failure: str = "0"
     stall_ceiling: float = 600.0
     parallelism: dict[str, int] | None = None
+    linger: float = LINGER  # seconds the port serves the final phase after the verdict, when watched
 
 
 def bind_failure(exc: BindError, bind: str, port: int) -> LaunchError:
@@ -235,10 +241,27 @@ async def launch(
         await controller.finished.wait()
         if watcher is not None:
             watcher.cancel()
+        if controller.view.watched(WATCHED):
+            await _linger(controller, options.linger)
     finally:
         stop.remove()
+        # Kept before the port closes: a status query finds the controller or its verdict, never neither.
+        keep_verdict(controller.view.report(), settings.bind, controller.port)
         await controller.close()
         await fanout.stop()
     if report is not None:
         report(controller.view.report())
     return stop.exit_code(controller.exit_code)
+
+
+async def _linger(controller: Controller, seconds: float) -> None:
+    """Someone is watching (a page, `fdl status --watch`): serve the final phase ``seconds``
+    more, and on until a poll after the verdict came (up to LINGER_CAP), so they see how it ended."""
+    ended = controller.clock()
+    await asyncio.sleep(seconds)  # the linger itself: time to read the final phase
+    if (controller.view.polled or 0.0) >= ended:
+        return
+    polled = asyncio.Event()
+    controller.view.on_poll = polled.set
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(polled.wait(), max(0.0, LINGER_CAP - seconds))

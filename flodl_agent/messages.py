@@ -166,6 +166,7 @@ class RankReport(Msg):
     step: int = Field(ge=0, lt=2**62)
     loss: float | None = None
     at: float = 0.0
+    step_rate: float | None = Field(None, ge=0)  # the rank's own, over its recent reports
 
 
 class Heartbeat(Msg):

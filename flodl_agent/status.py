@@ -21,6 +21,7 @@ from rich.text import Text
 from . import wire
 from .address import join_address, split_address
 from .pin import PinMismatch, check_pin
+from .ranks import rank_span
 from .tls import client_context
 
 PHASE_STYLE = {
@@ -123,32 +124,99 @@ def one_line(state: dict[str, Any]) -> str:
     )
 
 
-def render(state: dict[str, Any]) -> list[Text | Table]:
-    phase = str(state.get("phase", "?"))
+RANK_ROWS = 64  # the terminal's ranks table; the rest are in --json and on the page
+
+
+def _age(seconds: Any) -> str:
+    return f"{_clock(seconds)} ago" if isinstance(seconds, (int, float)) else "-"
+
+
+def _number(value: Any, digits: str) -> str:
+    return format(value, digits) if isinstance(value, (int, float)) else "-"
+
+
+def _span(ranks: Any) -> str:
+    return rank_span(range(ranks[0], ranks[1])) if ranks else "-"
+
+
+def _head(phase: Any, summary: str, failure: Any) -> list[Text | Table]:
+    """The phase in its colour and a summary; the failure's reason, when there is one, below."""
     head = Text()
-    head.append(phase, style=PHASE_STYLE.get(phase, ""))
+    head.append(str(phase or "?"), style=PHASE_STYLE.get(str(phase), ""))
+    head.append(summary)
+    return [head, Text(f"failure: {failure}", style="red")] if failure else [head]
+
+
+def render(state: dict[str, Any]) -> list[Text | Table]:
     target = state.get("target")
-    head.append(
+    out = _head(
+        state.get("phase"),
         f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts"
         f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'})"
-    )
-    head.append(
         f"  start {state.get('start')}{' (armed)' if state.get('armed') else ''}"
-        f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}"
+        f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}",
+        state.get("failure"),
     )
-    out: list[Text | Table] = [head]
-    if state.get("failure"):
-        out.append(Text(f"failure: {state['failure']}", style="red"))
-    table = Table("host", "ranks", "devices", "torch", "joined")
+    averaging = state.get("averaging") or {}
+    if averaging.get("rounds"):
+        out.append(
+            Text(
+                f"averaging: {averaging['rounds']} rounds, the last in "
+                f"{_number(averaging.get('round_s'), '.3g')} s"
+            )
+        )
+    beats = state.get("heartbeats") or {}
+    table = Table("host", "ranks", "devices", "torch", "joined", "heartbeat")
     for host in state.get("hosts", []):
-        ranks = host.get("ranks")
         table.add_row(
             str(host.get("host")),
-            f"[{ranks[0]}..{ranks[1]})" if ranks else "-",
+            _span(host.get("ranks")),
             group_devices(host.get("device_labels") or host.get("devices") or []),
             str(host.get("variant", "-")),
             f"{_clock(_ago(state, host))} ago",
+            _age(beats.get(host.get("host"))),
         )
     if state.get("hosts"):
+        out.append(table)
+    ranks = list((state.get("ranks") or {}).items())
+    if ranks:
+        board = Table("rank", "host", "steps", "steps/s", "loss", "last report")
+        for rank, r in ranks[:RANK_ROWS]:
+            board.add_row(
+                rank,
+                str(r.get("host")),
+                str(r.get("step", "-")),
+                _number(r.get("step_rate"), ".2f"),
+                _number(r.get("loss"), ".4g"),
+                _age(r.get("age")),
+            )
+        out.append(board)
+        if len(ranks) > RANK_ROWS:
+            out.append(Text(f"... and {len(ranks) - RANK_ROWS} more ranks (fdl status --json)", style="dim"))
+    return out
+
+
+def render_verdict(verdict: dict[str, Any], now: float) -> list[Text | Table]:
+    """A kept verdict (nobody answers any more): how the last launch on that port ended."""
+    ended = verdict.get("ended_at")
+    ago = _clock(now - ended) if isinstance(ended, (int, float)) else "?"
+    out = _head(
+        verdict.get("phase"),
+        f"  the last launch on port {verdict.get('port')} (launch {verdict.get('launch') or '?'}) "
+        f"ended {ago} ago: {verdict.get('world_size', 0)} ranks on {len(verdict.get('hosts', []))} hosts",
+        verdict.get("reason"),
+    )
+    if not verdict.get("reason") and verdict.get("phase") not in ("done", "failed"):
+        out.append(Text("the controller stopped before a verdict", style="yellow"))
+    table = Table("host", "ranks", "devices", "exits")
+    for host in verdict.get("hosts", []):
+        exits = host.get("exits") or {}
+        table.add_row(
+            str(host.get("host")),
+            _span(host.get("ranks")),
+            group_devices(host.get("device_labels") or host.get("devices") or []),
+            ", ".join(f"rank {rank}: exit {code}" for rank, code in exits.items()) or "-",
+        )
+    if verdict.get("hosts"):
         out.append(table)
     return out

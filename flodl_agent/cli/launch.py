@@ -125,6 +125,9 @@ def launch(
     The log names what each host runs. Exit 0 when the run is done, 1 when it failed,
     130 (143) when the operator stopped it with Ctrl-C (SIGTERM): every agent
     is told the operator stopped the launch.
+    Watched (a status page, fdl status --watch), the port serves the final phase
+    a few seconds after the verdict; as it closes, the run's report is kept in
+    ~/.flodl/controller/verdict-PORT.json, where fdl status finds it.
     """
     loaded = load(config_file, base, False)
     options = LaunchOptions(

@@ -18,8 +18,12 @@ from tests.support import free_port
 pytestmark = pytest.mark.skipif(shutil.which("fdl") is None, reason="the fdl console script is not on PATH")
 
 
-def fdl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["fdl", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+def fdl(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["fdl", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def loopback_cluster(cwd: Path, port: int, **join: object) -> None:
@@ -47,8 +51,8 @@ def launch_json(cwd: Path, env: dict[str, str], command: list[str]) -> subproces
     )
 
 
-def state(cwd: Path) -> dict[str, object]:
-    proc = fdl("status", "--json", cwd=cwd)
+def state(cwd: Path, env: dict[str, str] | None = None) -> dict[str, object]:
+    proc = fdl("status", "--json", cwd=cwd, env=env)
     return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
 
@@ -121,6 +125,48 @@ def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
 
     gone = fdl("status", cwd=tmp_path)
     assert gone.returncode == 1 and "no controller answers" in gone.stderr
+
+
+def test_after_a_run_fdl_status_says_how_it_ended_live_then_from_the_kept_verdict(tmp_path: Path) -> None:
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=1, join_timeout=1, max_join_timeout=30)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "NO_COLOR": "1"}  # the user running both
+    failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    launch = subprocess.Popen(
+        ["fdl", "launch", "--", *failing], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, text=True
+    )
+    try:
+        wait_for(lambda: state(tmp_path, env).get("phase") == "waiting")
+        watch = subprocess.Popen(
+            ["fdl", "status", "--watch"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+        )
+        join = ("join", f"127.0.0.1:{port}", "--devices", "cpu:1", "--host", "solo")
+        joined = fdl(*join, cwd=tmp_path, env=env, timeout=90)  # rank 0's host starts torch's store
+        assert joined.returncode == 1, joined.stderr  # its rank failed
+        # The live final phase: someone was watching, so the controller served the verdict a
+        # few seconds more, and the watch's last refresh shows it (exit 0: a controller answered).
+        watched, _ = watch.communicate(timeout=30)
+        assert watch.returncode == 0
+        assert "failed" in watched and "failure: rank 0 on solo exited with code 3" in watched
+        assert launch.wait(timeout=30) == 1
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        launch.wait()
+
+    # After the exit: nobody answers (exit 1), and the verdict the launch kept says how it ended.
+    gone = fdl("status", cwd=tmp_path, env=env)
+    assert gone.returncode == 1 and "no controller answers" in gone.stderr
+    assert f"failed  the last launch on port {port} (launch " in gone.stdout
+    assert "failure: rank 0 on solo exited with code 3" in gone.stdout and "rank 0: exit 3" in gone.stdout
+    kept = fdl("status", "--json", cwd=tmp_path, env=env)
+    assert kept.returncode == 1
+    verdict = json.loads(kept.stdout)
+    assert verdict["live"] is False and verdict["phase"] == "failed" and not verdict["ok"]
+    assert verdict["port"] == port and [h["host"] for h in verdict["hosts"]] == ["solo"]
+    # Another user's status (another home) holds no verdict of this launch: only "nobody answers".
+    other = fdl("status", cwd=tmp_path, env={**env, "HOME": str(tmp_path / "other")})
+    assert other.returncode == 1 and other.stdout == "" and "no controller answers" in other.stderr
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script for a terminal")
