@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from .config import Worker
-from .config.fields import Variant
+from .config.fields import Service, Variant
 from .credentials import SPEC_KEY_PATTERN
 
 
@@ -32,6 +32,7 @@ class AgentSpec(BaseModel):
     # exists; an agent that finds itself elsewhere may re-exec into the variant's fdl. Unset:
     # run where started. Validated as arch is (no absolute path, no `..`): it names a path.
     libtorch: Variant | None = None
+    docker: Service | None = None  # cluster.workers[].docker: the compose service the ranks run in
 
 
 def for_worker(worker: Worker, **dial: object) -> AgentSpec:
@@ -45,6 +46,7 @@ def for_worker(worker: Worker, **dial: object) -> AgentSpec:
             "env": worker.env,
             "socket_ifname": worker.nccl_socket_ifname or "",
             **({"libtorch": worker.arch} if worker.arch else {}),
+            **({"docker": worker.docker} if worker.docker else {}),
             **dial,
         }
     )

@@ -68,6 +68,7 @@ class JoinFlags:
     persist: bool | None = None
     bin: str | None = None
     args: tuple[str, ...] = ()
+    docker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class JoinSettings:
     tls_fingerprint: str
     persist: bool
     notes: tuple[str, ...] = ()
+    docker: str = ""  # the compose service the ranks run in ("": on the box itself)
 
 
 def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
@@ -145,6 +147,10 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         pin = normalize(flags.pin) if flags.pin else None
     except ValueError as exc:
         raise OptionError("--tls-fingerprint", str(exc)) from None
+    try:
+        docker = Join.model_validate({"docker": flags.docker}).docker if flags.docker else None
+    except ValidationError as exc:
+        raise OptionError("--docker", first_error(exc)) from None
     return JoinSettings(
         controller_host=host,
         controller_port=port,
@@ -162,6 +168,7 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         tls_fingerprint=pin or block.tls_fingerprint or "",
         persist=block.persist if flags.persist is None else flags.persist,
         notes=tuple(notes),
+        docker=docker or spec.docker or block.docker or "",
     )
 
 

@@ -90,6 +90,12 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
 @click.option("--bin", "entry", help="Local path of the run's entry point on this box.")
 @click.option(
+    "--docker",
+    metavar="SERVICE",
+    help="Run this box's ranks in this compose service (the project's compose file: the working "
+    "directory's or COMPOSE_FILE; docker compose, docker-compose, podman-compose or podman compose).",
+)
+@click.option(
     "--libtorch",
     metavar="VARIANT",
     help="Torch variant to run in: auto | cpu | cuNNN | rocmX.Y (acquired when missing).",
@@ -109,6 +115,7 @@ def join_cmd(
     devices: str | None,
     persist: bool | None,
     entry: str | None,
+    docker: str | None,
     libtorch: str | None,
     backoff: float,
     spec_stdin: bool,
@@ -136,6 +143,7 @@ def join_cmd(
         persist=persist,
         bin=entry,
         args=args,
+        docker=docker,
     )
     try:
         settings = resolve_join(flags, spec, block, socket.gethostname())
@@ -158,6 +166,7 @@ def join_cmd(
         data_source=settings.data_source,
         args=settings.args,
         tls_fingerprint=settings.tls_fingerprint,
+        docker=settings.docker,
     )
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
 

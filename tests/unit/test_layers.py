@@ -43,6 +43,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.offer": PYDANTIC,
     "flodl_agent.variants": PYDANTIC,
     "flodl_agent.rank_env": PYDANTIC,
+    "flodl_agent.compose": IO_MODULES,
     "flodl_agent.options": PYDANTIC,
     "flodl_agent.agent_spec": PYDANTIC,
     "flodl_agent.placement": IO_MODULES,

@@ -105,6 +105,14 @@ JOIN_LAYERS: list[tuple[str, Any, Any, Any, Any, Any]] = [
         lambda s: s.tls_fingerprint,
     ),
     (
+        "docker",
+        ({"docker": "f"}, "f"),
+        ({"docker": "s"}, "s"),
+        ({"docker": "b"}, "b"),
+        "",  # the ranks run on the box itself (unless the cluster file's envelope names one)
+        lambda s: s.docker,
+    ),
+    (
         "persist",
         ({"persist": False}, False),
         None,
@@ -204,6 +212,7 @@ def test_join_local_args_the_controller_will_replace_get_a_note() -> None:
         ({"ssh": "me@host:99999"}, "--ssh", "param", "is not [user@]host[:port]"),
         (ADDR | {"devices": "gpu0"}, "--devices", "refusal", "--devices:"),
         (ADDR | {"pin": "sha256:xyz"}, "--tls-fingerprint", "param", ""),
+        (ADDR | {"docker": "--rm"}, "--docker", "param", "is not a compose service name"),
     ],
 )
 def test_join_refusals_name_the_flag(flags: dict[str, Any], param: str, kind: str, words: str) -> None:
