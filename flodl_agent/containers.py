@@ -1,4 +1,4 @@
-"""Ranks in a compose service: the IO around :mod:`.compose`.
+"""Ranks in a compose service, and the publish gate's build there: the IO around :mod:`.compose`.
 
 The compose tool is found once per process (``FLODL_COMPOSE`` pins one), the project as that
 tool finds it (``COMPOSE_FILE``, else the working directory and its parents), and the service
@@ -13,10 +13,12 @@ import contextlib
 import grp
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -326,3 +328,58 @@ class ComposeRanks:
             # Also whatever a client created after the stop above (a rank that was still starting).
             await _engine(remove_argv(engine, names), self.env)
         self.live.clear()
+
+
+def run_in_service(
+    service: str,
+    command: list[str],
+    workdir: Path,
+    mounts: tuple[Path, ...],
+    env: Mapping[str, str],
+    field: str,
+    timeout: float | None = None,
+) -> tuple[int, str]:
+    """``command`` in ``service`` (the publish gate's build or model probe): ``workdir`` and
+    ``mounts`` at the same paths, ``env`` its whole environment on top of the image's; its exit
+    code and output. Raises ComposeError when the service cannot be used, TimeoutError."""
+    client = dict(os.environ)
+    project = find_project(service, Path.cwd(), client, field)
+    provider = project.provider
+    name = container_name("gate", secrets.token_hex(3), "0")
+    with tempfile.TemporaryDirectory(prefix="flodl-gate-") as scratch:
+        private = Path(scratch)
+        box = Container(
+            service=service,
+            name=name,
+            workdir=str(workdir),
+            user=_user(),
+            mounts=(*((str(m), False) for m in mounts), (str(private), True)),
+            host_network=False,  # a build reaches out (pip, git) through the service's own network
+            labels={"flodl.gate": str(workdir)},
+        )
+        try:
+            _write(private / "env", env_script(env))
+        except ValueError as exc:
+            raise ComposeError(f"{field}: {exc}", "check the environment the gate passes") from None
+        _write(private / "compose.yml", yaml.safe_dump(override(provider, box), sort_keys=False))
+        argv = run_argv(provider, project.files, private / "compose.yml", box, private / "env", command)
+        try:
+            proc = subprocess.run(
+                argv,
+                env=client,
+                cwd=Path.cwd(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                start_new_session=True,
+            )
+            inspected = subprocess.run(
+                inspect_argv(provider.engine, name), capture_output=True, text=True, env=client
+            )
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{shlex.join(command)} did not end within {timeout:.0f}s") from None
+        finally:
+            subprocess.run(remove_argv(provider.engine, [name]), capture_output=True, env=client)
+    code = exit_code(inspected.stdout if inspected.returncode == 0 else None, proc.returncode)
+    return code, (proc.stdout + proc.stderr).strip()

@@ -22,6 +22,7 @@ from .agent import output_lines
 from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
 from .net import ssh_argv
+from .variants import variant_venv
 
 
 class FanoutError(ValueError):
@@ -85,11 +86,6 @@ def worker_ssh(worker: Worker, extra: list[str] | tuple[str, ...] = ()) -> list[
     )
 
 
-# The worker role's home (flodl_worker_home's default), which holds libtorch/<variant>: where
-# a worker with an ``arch`` but no checkout ``path`` finds its variant's venv.
-ROLE_HOME = "/opt/flodl"
-
-
 def fdl_candidates(path: str | None, arch: str | None = None) -> list[str]:
     """The fdl executables a worker tries, in order, before the one on PATH.
 
@@ -105,7 +101,7 @@ def fdl_candidates(path: str | None, arch: str | None = None) -> list[str]:
     """
     candidates = []
     if arch:
-        candidates.append(f"{path or ROLE_HOME}/libtorch/{arch}/bin/fdl")
+        candidates.append(f"{variant_venv(path, arch)}/bin/fdl")
     if path:
         candidates += [f"{path}/venv/bin/fdl", f"{path}/.venv/bin/fdl"]
     return candidates

@@ -50,8 +50,10 @@ class Controller(Model):
     host: Address = Field(description="bind address of the controller port")
     port: Port = Field(DEFAULT_PORT, description="the single controller port")
     path: AbsPath | None = Field(None, description="the controller's view of the project root")
-    docker: Service | None = Field(None, description="compose service for the pre-flight build")
-    arch: Variant | None = Field(None, description="torch variant for the pre-flight build")
+    docker: Service | None = Field(None, description="compose service the publish gate builds in")
+    arch: Variant | None = Field(
+        None, description="torch variant the publish gate builds with (<path>/libtorch/<arch>)"
+    )
     join: JoinWindow = Field(default_factory=JoinWindow, description="membership-window knobs")
     tls: Tls | None = Field(None, description="TLS on the controller port (clients pin the certificate)")
 
