@@ -16,8 +16,9 @@ import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +65,15 @@ sys.exit(3 if rank == 1 else 0)
 """
 
 
+async def ranks_ready(proj: Path, ranks: int, ended: Callable[[], object]) -> list[dict[str, Any]]:
+    """What each rank saw, once all have written it from their containers (or ``ended()``
+    says the agent is gone: its result is the failure's message)."""
+    ready = [proj / f"ready-{rank}.json" for rank in range(ranks)]
+    await until(lambda: all(p.exists() for p in ready) or bool(ended()), timeout=60)
+    assert not ended(), ended()
+    return [json.loads(p.read_text()) for p in ready]
+
+
 @pytest.fixture(scope="module")
 def podman() -> None:
     if why := kit.missing():
@@ -91,10 +101,7 @@ def test_a_walk_in_runs_its_ranks_in_the_service_the_cluster_file_names(proj: Pa
         ctl = Controller(settings(["python3", "rank.py"], quorum=2, target=2, host_facts=roster, **knobs))
         await ctl.start()
         joined = asyncio.ensure_future(walk_in(agent(ctl, host, 2)))
-        ready = [proj / "ready-0.json", proj / "ready-1.json"]
-        await until(lambda: all(p.exists() for p in ready) or joined.done(), timeout=60)
-        assert not joined.done(), joined.result()
-        facts = [json.loads(p.read_text()) for p in ready]
+        facts = await ranks_ready(proj, 2, lambda: joined.done() and joined.result())
         running = sorted(kit.containers(f"flodl.host={host}", "running"))
         assert [n.startswith("flodl-c0ffee01-") for n in running] == [True, True]  # per launch and rank
         assert [n.rsplit("-", 1)[1] for n in running] == ["r0", "r1"]
@@ -141,9 +148,7 @@ def test_an_abort_mid_run_stops_and_removes_the_containers(proj: Path) -> None:
         opts = agent(ctl, host, 2)
         opts.docker = SERVICE  # the box's own join.docker
         joined = asyncio.ensure_future(walk_in(opts))
-        ready = [proj / "ready-0.json", proj / "ready-1.json"]
-        await until(lambda: all(p.exists() for p in ready) or joined.done(), timeout=60)
-        assert not joined.done(), joined.result()
+        await ranks_ready(proj, 2, lambda: joined.done() and joined.result())
         ctl.fail("the operator stopped the run")
         result = await joined
         assert isinstance(result, AgentFailure) and "aborted the run" in result.message
@@ -167,9 +172,8 @@ def test_sigterm_to_the_agent_mid_run_leaves_no_container(proj: Path) -> None:
         proc = await asyncio.create_subprocess_exec(
             *argv, "--docker", SERVICE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        ready = [proj / f"ready-{rank}.json" for rank in range(3)]
-        await until(lambda: all(p.exists() for p in ready) or proc.returncode is not None, timeout=60)
-        assert [json.loads(p.read_text())["container"] for p in ready] == [False, True, True]
+        facts = await ranks_ready(proj, 3, lambda: proc.returncode is not None and f"exit {proc.returncode}")
+        assert [seen["container"] for seen in facts] == [False, True, True]
         assert len(kit.containers(f"flodl.host={host}", "running")) == 2
         proc.send_signal(signal.SIGTERM)
         _, stderr = await proc.communicate()
