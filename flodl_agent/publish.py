@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .containers import ComposeError, run_in_service
 from .errors import Failure
 from .net import ssh_argv
 from .signature import ProbeFailed, probe_model
@@ -341,8 +342,6 @@ def _in_service(
     service: str, command: list[str], workdir: Path, mounts: tuple[Path, ...], env: dict[str, str],
     timeout: float | None = None,
 ) -> tuple[int, str]:  # fmt: skip
-    from .containers import ComposeError, run_in_service  # the gate's IO, only when asked for
-
     try:
         return run_in_service(service, command, workdir, mounts, env, DOCKER_FIELD, timeout)
     except ComposeError as exc:
