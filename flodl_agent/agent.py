@@ -272,6 +272,8 @@ class Attempt:
         finally:
             abort.cancel()
             beat.cancel()
+            if self.compose is not None:
+                await self.compose.stop(KILL_GRACE)  # while the directory they mount is still there
             await relay.close()
             await averager.close()
             del store

@@ -6,8 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,12 +78,14 @@ def test_a_missing_variant_venv_or_both_fields_are_refused_by_name(tmp_path: Pat
 
 
 @pytest.fixture
-def service_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def service_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     if why := kit.missing():
         pytest.skip(why)
-    proj = kit.project(tmp_path / "ctl", "cuda", "")
+    name = f"flodlg{secrets.token_hex(3)}"
+    proj = kit.project(tmp_path / name, "cuda", "")
     monkeypatch.chdir(proj)  # `fdl publish` runs where the project's compose file is
-    return proj
+    yield proj
+    kit.remove(f"io.podman.compose.project={name}", name)  # and the network its builds used
 
 
 def test_docker_builds_and_probes_in_the_compose_service(tmp_path: Path, service_project: Path) -> None:
