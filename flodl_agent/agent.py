@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from .averaging import AverageRelay
 from .box import box_offer, get_ready, this_box
 from .config.devices import DeviceOffer
 from .config.models import Source, Ssh
+from .containers import ComposeRanks, check_service
 from .errors import CLEAN, PERMANENT, TRANSIENT
 from .join_protocol import Aborted, Accepted, Closed, Formed, JoinClient, JoinError, Message, Refused
 from .messages import Averaged, BadMessage, Stream, WorldFormed, shown_command
@@ -100,6 +101,7 @@ class Attempt:
         self.log = log
         self.on_wait = on_wait  # True while admitted and waiting for the world (a spinner's cue)
         self.children: list[asyncio.subprocess.Process] = []
+        self.compose: ComposeRanks | None = None  # the ranks run in a compose service
 
     async def run(self, dial_host: str, dial_port: int) -> int:
         reader, writer = await dial(dial_host, dial_port, self.options.tls_fingerprint)
@@ -184,9 +186,13 @@ class Attempt:
         store_port: int,
         plane: dict[str, str] | None = None,
         reports: dict[int, Path] | None = None,
+        inherit: bool = True,
     ) -> list[dict[str, str]]:
-        """Per-rank environments (:func:`~flodl_agent.rank_env.rank_envs`) for this box."""
-        return rank_envs(this_box(self.options), world, self.offer.devices, road, store_port, plane, reports)
+        """Per-rank environments (:func:`~flodl_agent.rank_env.rank_envs`) for this box;
+        without ``inherit``, none of the agent's own environment (a container has its own)."""
+        box = this_box(self.options)
+        box = box if inherit else replace(box, base={})
+        return rank_envs(box, world, self.offer.devices, road, store_port, plane, reports)
 
     def own_command(self) -> list[str] | None:
         """What this box's ranks run whatever the launch says: the published run it fetched
@@ -213,6 +219,11 @@ class Attempt:
         if mine.host != self.options.host:
             raise Transient(f"the formed world was addressed to {mine.host}, not this host")
         command = self.command(world)
+        cwd = self.prepared.cwd if self.prepared is not None else None
+        service = self.options.docker or mine.docker  # the box's own value beats the cluster file's
+        if service:
+            project = await check_service(service, self.options, cwd, world.env)
+            self.compose = ComposeRanks(project, self.options, world, self.offer.variant, cwd, self.log)
         self.log(
             f"world formed: {world.world_size} ranks; this host runs "
             f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)}"
@@ -230,16 +241,20 @@ class Attempt:
             for r in range(mine.first_rank, mine.first_rank + mine.count)
         }
         ranks = []
-        for local, env in enumerate(self.rank_env(world, road, store_port, plane, reports)):
+        envs = self.rank_env(world, road, store_port, plane, reports, inherit=self.compose is None)
+        for local, env in enumerate(envs):
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *command,
-                    env=env,
-                    cwd=self.prepared.cwd if self.prepared is not None else None,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                if self.compose is not None:
+                    proc = await self.compose.start(mine.first_rank + local, command, env, averager.directory)
+                else:
+                    proc = await asyncio.create_subprocess_exec(
+                        *command,
+                        env=env,
+                        cwd=cwd,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.STDOUT,
+                        start_new_session=True,
+                    )
             except OSError as exc:
                 await relay.close()
                 await averager.close()  # its shared-memory directory goes with it
@@ -273,6 +288,8 @@ class Attempt:
             abort.cancel()
             beat.cancel()  # its last beat carries the ranks' final reports: before the half-close
             await asyncio.gather(beat, return_exceptions=True)
+            if self.compose is not None:
+                await self.compose.stop(KILL_GRACE)  # while the directory they mount is still there
             await relay.close()
             await averager.close()
             del store
@@ -301,6 +318,8 @@ class Attempt:
             sys.stdout.write(f"[rank {rank}] {line}\n")
             sys.stdout.flush()
         code = await proc.wait()
+        if self.compose is not None:
+            code = await self.compose.exit_code(rank, code)  # the container's, not its client's
         averager.rank_exited(rank)
         write_parts(writer, client.send(wire.Kind.RANK_EXITED, {"rank": rank, "code": code}))
         return code
@@ -345,6 +364,8 @@ class Attempt:
                 averager.deliver(event.message.model_dump(), event.blob)
 
     async def _kill_children(self) -> None:
+        if self.compose is not None:
+            await self.compose.stop(KILL_GRACE)  # its clients die with their containers
         alive = [p for p in self.children if p.returncode is None]
         for proc in alive:
             with contextlib.suppress(ProcessLookupError):
@@ -410,6 +431,8 @@ async def join_once(
 ) -> int:
     offer = box_offer(options.devices)
     options, prepared = await get_ready(options, log)
+    if options.docker:  # before the dial: a box that cannot start its ranks must not take any
+        await check_service(options.docker, options, prepared.cwd if prepared else None, {})
     attempt = Attempt(options, offer, log, on_wait, prepared)
     if options.ssh is None:
         return await attempt.run(options.controller_host, options.controller_port)

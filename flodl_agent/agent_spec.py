@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from .config import Worker
-from .config.fields import Variant
+from .config.fields import Service, Variant
 from .credentials import SPEC_KEY_PATTERN
 
 
@@ -36,6 +36,7 @@ class AgentSpec(BaseModel):
     # its hello says so, and an NCCL plane refuses it (a forward cannot carry a mesh).
     tunnel: bool = False
     gpu_ram_share: float | None = Field(None, gt=0, allow_inf_nan=False)  # cluster.workers[].gpu_ram_share
+    docker: Service | None = None  # cluster.workers[].docker: the compose service the ranks run in
 
 
 def for_worker(worker: Worker, **dial: object) -> AgentSpec:
@@ -50,6 +51,7 @@ def for_worker(worker: Worker, **dial: object) -> AgentSpec:
             "socket_ifname": worker.nccl_socket_ifname or "",
             **({"libtorch": worker.arch} if worker.arch else {}),
             **({"gpu_ram_share": worker.gpu_ram_share} if worker.gpu_ram_share is not None else {}),
+            **({"docker": worker.docker} if worker.docker else {}),
             **dial,
         }
     )

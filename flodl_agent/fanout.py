@@ -22,6 +22,7 @@ from .agent import output_lines
 from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
 from .net import ssh_argv
+from .variants import variant_venv
 
 
 class FanoutError(ValueError):
@@ -106,11 +107,6 @@ async def ask(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[int
     return proc.returncode or 0, out, errout
 
 
-# The worker role's home (flodl_worker_home's default), which holds libtorch/<variant>: where
-# a worker with an ``arch`` but no checkout ``path`` finds its variant's venv.
-ROLE_HOME = "/opt/flodl"
-
-
 def fdl_candidates(path: str | None, arch: str | None = None) -> list[str]:
     """The fdl executables a worker tries, in order, before the one on PATH.
 
@@ -126,7 +122,7 @@ def fdl_candidates(path: str | None, arch: str | None = None) -> list[str]:
     """
     candidates = []
     if arch:
-        candidates.append(f"{path or ROLE_HOME}/libtorch/{arch}/bin/fdl")
+        candidates.append(f"{variant_venv(path, arch)}/bin/fdl")
     if path:
         candidates += [f"{path}/venv/bin/fdl", f"{path}/.venv/bin/fdl"]
     return candidates

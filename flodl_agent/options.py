@@ -18,10 +18,11 @@ from pydantic_core import PydanticCustomError
 
 from .address import AddressError, join_address, local_address, split_address
 from .agent_spec import AgentSpec
-from .config import DeviceOffer, Join, Publish, Ssh, parse_devices
+from .config import Controller, DeviceOffer, Join, Publish, Ssh, parse_devices
 from .config.models import Source
 from .pin import normalize
 from .sources import SourceSpec, SpecError, parse_source
+from .variants import variant_venv
 
 DEFAULT_ADDR = "127.0.0.1:1337"  # where `fdl status` looks with no --addr and no cluster file
 TUNNEL_ADDR = "127.0.0.1:1337"  # the controller's end of an ssh forward, as seen from this box
@@ -68,6 +69,7 @@ class JoinFlags:
     persist: bool | None = None
     bin: str | None = None
     args: tuple[str, ...] = ()
+    docker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class JoinSettings:
     persist: bool
     notes: tuple[str, ...] = ()
     gpu_ram_share: float | None = None
+    docker: str = ""  # the compose service the ranks run in ("": on the box itself)
 
 
 def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
@@ -158,6 +161,10 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         pin = normalize(flags.pin) if flags.pin else None
     except ValueError as exc:
         raise OptionError("--tls-fingerprint", str(exc)) from None
+    try:
+        docker = Join.model_validate({"docker": flags.docker}).docker if flags.docker else None
+    except ValidationError as exc:
+        raise OptionError("--docker", first_error(exc)) from None
     return JoinSettings(
         controller_host=host,
         controller_port=port,
@@ -178,6 +185,7 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         notes=tuple(notes),
         # The box's own join block beats its cluster entry (a later road knows the box better).
         gpu_ram_share=block.gpu_ram_share if block.gpu_ram_share is not None else spec.gpu_ram_share,
+        docker=docker or spec.docker or block.docker or "",
     )
 
 
@@ -238,10 +246,23 @@ class PublishSettings:
     no_build: bool
     model_probe: bool
     identity: Path | None
+    gate_docker: str | None = None  # cluster.controller.docker: the compose service the gate builds in
+    gate_venv: str | None = None  # cluster.controller.arch: <path>/libtorch/<arch>, the gate's variant
 
 
-def resolve_publish(flags: PublishFlags, block: Publish) -> PublishSettings:
-    """Flags > the publish: block > defaults, field by field."""
+def resolve_publish(
+    flags: PublishFlags, block: Publish, controller: Controller | None = None
+) -> PublishSettings:
+    """Flags > the publish: block > defaults, field by field; the cluster file's ``controller``
+    says where the gate builds (its ``docker`` service, or with its ``arch`` variant)."""
+    if controller is not None and controller.docker and controller.arch:
+        raise OptionError(
+            "--cluster",
+            "cluster.controller sets both docker and arch: the gate builds in a compose service "
+            "(whose image brings its own torch) or with a variant venv of this box, not both",
+            "keep docker (build in the service) or arch (build with <path>/libtorch/<arch>)",
+            kind="refusal",
+        )
     text = flags.spec or block.source
     if text is None:
         raise OptionError("SPEC", "name a source: SPEC, or publish.source in fdl.yml", kind="usage")
@@ -260,6 +281,8 @@ def resolve_publish(flags: PublishFlags, block: Publish) -> PublishSettings:
         no_build=flags.no_build,
         model_probe=block.model_probe if flags.model_probe is None else flags.model_probe,
         identity=key,
+        gate_docker=controller.docker if controller is not None else None,
+        gate_venv=variant_venv(controller.path, controller.arch) if controller and controller.arch else None,
     )
 
 

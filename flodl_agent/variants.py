@@ -143,6 +143,16 @@ def rocm_variant(text: str) -> str:
     return f"rocm{m.group(1)}.{m.group(2)}" if m else ""
 
 
+# The roles' home (flodl_worker_home, flodl_controller_home), which holds libtorch/<variant>: where a
+# host with an ``arch`` but no ``path`` finds its variant's venv.
+ROLE_HOME = "/opt/flodl"
+
+
+def variant_venv(path: str | None, arch: str) -> str:
+    """``<path>/libtorch/<arch>``: a cluster entry's variant venv (the role's home without a path)."""
+    return f"{path or ROLE_HOME}/libtorch/{arch}"
+
+
 def libtorch_root(prefix: Path, env: Mapping[str, str], home: Path) -> Path:
     """$FLODL_LIBTORCH_ROOT; else the directory holding the running venv when it is named
     ``libtorch`` (the role's <home>/libtorch/<variant>); else ~/.flodl/libtorch."""

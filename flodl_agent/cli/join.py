@@ -102,6 +102,12 @@ class _JoinCommand(TailCommand):
     "launch's (a .py file that is not executable runs under this venv's python).",
 )
 @click.option(
+    "--docker",
+    metavar="SERVICE",
+    help="Run this box's ranks in this compose service (the project's compose file: the working "
+    "directory's or COMPOSE_FILE; docker compose, docker-compose, podman-compose or podman compose).",
+)
+@click.option(
     "--libtorch",
     metavar="VARIANT",
     help="Torch variant to run in: auto | cpu | cuNNN | rocmX.Y (acquired when missing).",
@@ -120,6 +126,7 @@ def join_cmd(
     devices: str | None,
     persist: bool | None,
     entry: str | None,
+    docker: str | None,
     libtorch: str | None,
     backoff: float,
     spec_stdin: bool,
@@ -154,6 +161,7 @@ def join_cmd(
         persist=persist,
         bin=entry,
         args=tuple(click.get_current_context().meta["tail"] or ()),
+        docker=docker,
     )
     try:
         settings = resolve_join(flags, spec, block, socket.gethostname())
@@ -178,6 +186,7 @@ def join_cmd(
         args=settings.args,
         tls_fingerprint=settings.tls_fingerprint,
         gpu_ram_share=settings.gpu_ram_share,
+        docker=settings.docker,
     )
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
 

@@ -11,7 +11,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..options import OptionError, PublishFlags, resolve_publish
-from .common import TailCommand, emit_json, err, json_opt, load, log, option_error, out, project_file
+from .common import (
+    CLUSTER_FILE,
+    TailCommand,
+    emit_json,
+    err,
+    json_opt,
+    load,
+    log,
+    option_error,
+    out,
+    project_file,
+)
 
 
 class _PublishCommand(TailCommand):
@@ -41,6 +52,13 @@ class _PublishCommand(TailCommand):
     type=click.Path(path_type=Path, dir_okay=False),
     help="fdl.yml whose publish: block supplies the defaults (default: ./fdl.yml if present).",
 )
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Cluster file whose controller says where the gate builds: its docker service or its arch "
+    "variant (default: ./fdl.cluster.yml if present, else fdl.yml's cluster: block).",
+)
 @json_opt
 @click.pass_context
 def publish(
@@ -54,13 +72,16 @@ def publish(
     no_build: bool,
     model_probe: bool | None,
     config_file: Path | None,
+    cluster_file: Path | None,
     as_json: bool,
 ) -> None:
     """Publish a run: fetch SPEC into the served tree, build it once as a gate, write its manifest.
 
     SPEC is file:///abs, rsync://[user@]host[:port]:/abs, or git+https|ssh|file://…#ref.
     Everything after `--` is the run's arguments. Flags default from the publish: block of
-    fdl.yml, field by field; a `--` tail replaces its args even when empty. Workers pick the
+    fdl.yml, field by field; a `--` tail replaces its args even when empty. The gate builds
+    with this venv (the CPU variant), or where the cluster file's controller says: in its
+    docker compose service, or with its arch variant (<path>/libtorch/<arch>). Workers pick the
     run up on their next dial. Exit 0 published, 1 otherwise (nothing published).
     """
     from ..config import Publish
@@ -68,7 +89,11 @@ def publish(
     from ..publish import publish as run_publish
 
     path = project_file(config_file)
-    block = (load(path, None, as_json).config.publish if path else None) or Publish()
+    project = load(path, None, as_json).config if path else None
+    block = (project.publish if project else None) or Publish()
+    cluster_path = cluster_file or (CLUSTER_FILE if CLUSTER_FILE.is_file() else None)
+    cluster = load(cluster_path, None, as_json).config.cluster if cluster_path else None
+    cluster = cluster or (project.cluster if project else None)
     tail = ctx.meta["tail"]
     flags = PublishFlags(
         spec=spec,
@@ -82,7 +107,7 @@ def publish(
         tail=tuple(tail) if tail is not None else None,
     )
     try:
-        settings = resolve_publish(flags, block)
+        settings = resolve_publish(flags, block, cluster.controller if cluster else None)
     except OptionError as exc:
         option_error("publish", exc)
     request = PublishRequest(
@@ -95,6 +120,8 @@ def publish(
         no_build=settings.no_build,
         model_probe=settings.model_probe,
         identity=str(settings.identity.expanduser()) if settings.identity else None,
+        gate_docker=settings.gate_docker,
+        gate_venv=settings.gate_venv,
     )
     try:
         report = run_publish(request, log=log if not as_json else lambda _: None)

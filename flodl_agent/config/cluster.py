@@ -17,6 +17,7 @@ from .fields import (
     Model,
     Name,
     Port,
+    Service,
     Share,
     SshOption,
     Variant,
@@ -51,8 +52,10 @@ class Controller(Model):
     host: Address = Field(description="bind address of the controller port")
     port: Port = Field(DEFAULT_PORT, description="the single controller port")
     path: AbsPath | None = Field(None, description="the controller's view of the project root")
-    docker: Name | None = Field(None, description="compose service for the pre-flight build")
-    arch: Variant | None = Field(None, description="torch variant for the pre-flight build")
+    docker: Service | None = Field(None, description="compose service the publish gate builds in")
+    arch: Variant | None = Field(
+        None, description="torch variant the publish gate builds with (<path>/libtorch/<arch>)"
+    )
     join: JoinWindow = Field(default_factory=JoinWindow, description="membership-window knobs")
     tls: Tls | None = Field(None, description="TLS on the controller port (clients pin the certificate)")
 
@@ -69,7 +72,7 @@ class Worker(Model):
     )
     path: AbsPath | None = Field(None, description="project checkout dir on this host")
     arch: Variant | None = Field(None, description="torch variant sub-path under <path>/libtorch/")
-    docker: Name | None = Field(None, description="compose service the ranks run in")
+    docker: Service | None = Field(None, description="compose service this host's ranks run in")
     data_path: AbsPath | None = Field(None, description="dataset root on this host")
     env: Env = Field(default_factory=dict, description="environment for this host's ranks")
     gpu_ram_share: Share | None = Field(

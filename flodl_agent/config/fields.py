@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from ..address import AddressError, split_address
+from ..compose import SERVICE_NAME
 from ..credentials import valid_token
 from ..pin import normalize
 from ..sources import SpecError, parse_data_source, parse_source
@@ -59,6 +60,19 @@ def _name(value: str) -> str:
         raise fail(((), "is empty", "give it a name"))
     if not _NAME.match(value):
         raise fail(((), f"`{value}` is not a host name", "use a name without spaces, `/`, `:` or `@`"))
+    return value
+
+
+def _service(value: str) -> str:
+    if not SERVICE_NAME.match(value):
+        raise fail(
+            (
+                (),
+                f"`{value}` is not a compose service name",
+                "name a service of the project's compose file (letters, digits, `_`, `.`, `-`; "
+                "a letter or digit first)",
+            )
+        )
     return value
 
 
@@ -273,6 +287,7 @@ def _controller_address(value: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(_name)]
+Service = Annotated[str, AfterValidator(_service)]
 Address = Annotated[str, AfterValidator(_address)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 Variant = Annotated[str, AfterValidator(_variant)]

@@ -16,6 +16,7 @@ from .fields import (
     Libtorch,
     Model,
     Name,
+    Service,
     Share,
     SourceSpecText,
     Token,
@@ -66,6 +67,9 @@ class Join(Model):
     source: Source | None = Field(None, description="fetch and build the entry point here")
     nccl_socket_ifname: IfName | None = Field(None, description="network interface for NCCL/gloo")
     env: Env = Field(default_factory=dict, description="environment for this box's ranks")
+    docker: Service | None = Field(
+        None, description="compose service this box's ranks run in (beats the cluster file's)"
+    )
     tls_fingerprint: Fingerprint | None = Field(
         None, description="the controller port speaks TLS: pin its certificate (sha256:<hex>)"
     )

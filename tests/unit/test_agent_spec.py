@@ -78,6 +78,14 @@ def test_a_workers_arch_travels_as_the_specs_libtorch() -> None:
     assert b"libtorch" not in bytes.fromhex(unset.decode())  # no arch: the field stays out
 
 
+def test_a_workers_docker_travels_in_the_spec() -> None:
+    cluster = ClusterBuilder().controller("10.0.0.1").worker("node-a", docker="cuda").build()
+    assert decode(encode(for_worker(cluster.workers[0])).decode()).docker == "cuda"
+    assert for_worker(_cluster().workers[0]).docker is None
+    with pytest.raises(ValueError, match="agent spec"):
+        decode(AgentSpec().model_dump_json().replace("}", ', "docker": "-d"}').encode().hex())
+
+
 @pytest.mark.parametrize("bad", ["/opt/flodl/libtorch/cu126", "../cu126", "cu126//x", ""])
 def test_a_libtorch_that_is_not_a_variant_sub_path_is_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="agent spec"):

@@ -46,6 +46,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.rank_env": PYDANTIC,
     "flodl_agent.device_memory": IO_MODULES,
     "flodl_agent.findings": IO_MODULES,
+    "flodl_agent.compose": IO_MODULES,
     "flodl_agent.options": PYDANTIC,
     "flodl_agent.agent_spec": PYDANTIC,
     "flodl_agent.placement": IO_MODULES,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from flodl_agent.agent_spec import AgentSpec
-from flodl_agent.config import Join, Publish
+from flodl_agent.config import Controller, Join, Publish
 from flodl_agent.options import (
     DEFAULT_ADDR,
     JoinFlags,
@@ -111,6 +111,14 @@ JOIN_LAYERS: list[tuple[str, Any, Any, Any, Any, Any]] = [
         ({"tls_fingerprint": PIN}, PIN),
         "",
         lambda s: s.tls_fingerprint,
+    ),
+    (
+        "docker",
+        ({"docker": "f"}, "f"),
+        ({"docker": "s"}, "s"),
+        ({"docker": "b"}, "b"),
+        "",  # the ranks run on the box itself (unless the cluster file's envelope names one)
+        lambda s: s.docker,
     ),
     (
         "persist",
@@ -257,6 +265,7 @@ def test_join_a_bin_flag_under_join_source_gets_a_note() -> None:
         ({"ssh": "me@host:99999"}, "--ssh", "param", "is not [user@]host[:port]"),
         (ADDR | {"devices": "gpu0"}, "--devices", "refusal", "--devices:"),
         (ADDR | {"pin": "sha256:xyz"}, "--tls-fingerprint", "param", ""),
+        (ADDR | {"docker": "--rm"}, "--docker", "param", "is not a compose service name"),
     ],
 )
 def test_join_refusals_name_the_flag(flags: dict[str, Any], param: str, kind: str, words: str) -> None:
@@ -401,3 +410,17 @@ def test_the_resolvers_import_neither_click_nor_asyncio() -> None:
     code = "import sys, flodl_agent.options; print(sorted({'click', 'asyncio'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_publish_builds_where_the_cluster_files_controller_says() -> None:
+    def gate(**controller: str) -> Any:
+        block = Controller.model_validate({"host": "h", **controller})
+        return resolve_publish(PublishFlags(spec="file:///src"), Publish(), block)
+
+    assert (gate().gate_docker, gate().gate_venv) == (None, None)  # this venv, the CPU variant
+    assert gate(arch="cu126").gate_venv == "/opt/flodl/libtorch/cu126"  # the role's home without a path
+    assert gate(arch="precompiled/cu128", path="/srv/x").gate_venv == "/srv/x/libtorch/precompiled/cu128"
+    assert gate(docker="cuda").gate_docker == "cuda"
+    with pytest.raises(OptionError) as both:
+        gate(docker="cuda", arch="cu126")
+    assert both.value.kind == "refusal" and "both docker and arch" in both.value.message
