@@ -2,8 +2,8 @@
 --libtorch` re-exec'd into the chosen venv (stdin intact for --spec-stdin), and an acquisition
 that fails leaves nothing that looks installed.
 
-The variant venvs are real venvs of this interpreter that see this checkout's site-packages
-(its CPU torch, its flodl-fleet) through a .pth line: the roles' venvs without the download.
+The variant venvs (tests/support/libtorch.py) are real venvs of this interpreter that see this
+checkout's site-packages (its CPU torch, its flodl-fleet): the roles' venvs without the download.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -21,31 +20,9 @@ from flodl_agent.errors import PERMANENT, TRANSIENT
 from flodl_agent.libtorch import acquire, installed, relocate
 from flodl_agent.retry import Permanent
 from tests.support import free_port
+from tests.support.libtorch import FDL, stand_in_nvidia_smi, variant_venv
 
-FDL = Path(sys.executable).parent / "fdl"
 pytestmark = pytest.mark.skipif(not FDL.exists(), reason="the fdl console script is not installed")
-
-
-def variant_venv(root: Path, name: str, with_torch: bool = True) -> Path:
-    """A venv at <root>/<name>; with torch: this checkout's site-packages, and a bin/fdl that
-    says which interpreter it runs in."""
-    where = root / name
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
-    if with_torch:
-        site = next(where.glob("lib/python3*/site-packages"))
-        (site / "_checkout.pth").write_text(
-            f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
-        )
-        fdl = where / "bin" / "fdl"
-        fdl.write_text(
-            f"#!{where}/bin/python\n"
-            "import sys\n"
-            "sys.stderr.write(f'fdl running in {sys.prefix}\\n')\n"
-            "from flodl_agent.cli import main\n"
-            "sys.exit(main())\n"
-        )
-        fdl.chmod(0o755)
-    return where
 
 
 @pytest.fixture(scope="module")
@@ -126,23 +103,6 @@ def test_a_failed_acquisition_leaves_nothing_that_looks_installed(
     assert list(where.iterdir()) == []  # neither <root>/cpu nor the hidden partial venv
     assert installed(where) == []
     assert lines == [f"libtorch cpu: pip install torch from {wheelhouse}"]
-
-
-NVIDIA_SMI = """#!/bin/sh
-case "$1" in
-  --query-gpu=*) echo "0, NVIDIA H200, 143771, 9.0" ;;
-  *) echo "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |" ;;
-esac
-"""
-
-
-def stand_in_nvidia_smi(where: Path) -> Path:
-    """A directory holding an nvidia-smi that answers as an H200 with driver CUDA 12.8."""
-    tools = where / "tools"
-    tools.mkdir()
-    (tools / "nvidia-smi").write_text(NVIDIA_SMI)
-    (tools / "nvidia-smi").chmod(0o755)
-    return tools
 
 
 def test_auto_on_an_nvidia_box_acquires_the_newest_variant_the_driver_runs(tmp_path: Path) -> None:
