@@ -20,6 +20,7 @@ from tests.support.libtorch import (
     FDL,
     fdl_env,
     fleet_wheel,
+    run_fdl,
     stand_in_nvidia_smi,
     stand_in_torch,
     variant_venv,
@@ -39,15 +40,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def fdl(cwd: Path, root: Path, *args: str, tools: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = fdl_env(root, cwd, tools) | {"PIP_RETRIES": "1"}  # one retry: pip says it did not connect
-    return subprocess.run(
-        [str(FDL), "libtorch", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return run_fdl(cwd, env, "libtorch", *args)
 
 
 def test_list_reads_each_venv_and_says_what_auto_picks_for_the_cards(root: Path, tmp_path: Path) -> None:

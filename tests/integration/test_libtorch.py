@@ -20,7 +20,7 @@ from flodl_agent.errors import PERMANENT, TRANSIENT
 from flodl_agent.libtorch import acquire, installed, relocate
 from flodl_agent.retry import Permanent
 from tests.support import free_port
-from tests.support.libtorch import FDL, stand_in_nvidia_smi, variant_venv
+from tests.support.libtorch import FDL, fdl_env, run_fdl, stand_in_nvidia_smi, variant_venv
 
 pytestmark = pytest.mark.skipif(not FDL.exists(), reason="the fdl console script is not installed")
 
@@ -47,18 +47,7 @@ def test_installed_reads_each_venvs_torch_and_reports_a_broken_one(root: Path) -
 def join(
     root: Path, *args: str, stdin: str = "", tools: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    path = f"{tools}:{FDL.parent}:/usr/bin:/bin" if tools else f"{FDL.parent}:/usr/bin:/bin"
-    env = {"FLODL_LIBTORCH_ROOT": str(root), "PATH": path, "HOME": str(root)}
-    return subprocess.run(
-        [str(FDL), "join", *args],
-        input=stdin,
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_fdl(root, fdl_env(root, root, tools), "join", *args, stdin=stdin, timeout=60)
 
 
 def test_join_re_execs_into_the_chosen_variant(root: Path) -> None:
@@ -115,20 +104,8 @@ def test_auto_on_an_nvidia_box_acquires_the_newest_variant_the_driver_runs(tmp_p
     root = tmp_path / "libtorch"
     sources = {variant: str(wheels) for variant in ("cu126", "cu128", "cu130")}
     (tmp_path / "fdl.yml").write_text(f"join:\n  libtorch: auto\n  torch_sources: {sources}\n")
-    env = {
-        "FLODL_LIBTORCH_ROOT": str(root),
-        "PATH": f"{tools}:{FDL.parent}:/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "PIP_CONFIG_FILE": os.devnull,  # this machine's pip.conf adds a wheelhouse
-    }
-    proc = subprocess.run(
-        [str(FDL), "join", "127.0.0.1:1", "--no-persist"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    proc = run_fdl(
+        tmp_path, fdl_env(root, tmp_path, tools), "join", "127.0.0.1:1", "--no-persist", timeout=120
     )
     assert "libtorch auto: no installed variant covers GPU 0 (sm_90)" in proc.stderr
     assert "acquiring cu128" in proc.stderr

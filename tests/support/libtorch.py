@@ -22,6 +22,15 @@ from pathlib import Path
 FDL = Path(sys.executable).parent / "fdl"
 
 
+def run_fdl(
+    cwd: Path, env: dict[str, str], *args: str, stdin: str = "", timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """This venv's `fdl ARGS` in ``cwd`` with exactly ``env``."""
+    return subprocess.run(
+        [str(FDL), *args], input=stdin, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def variant_venv(root: Path, name: str, with_torch: bool = True) -> Path:
     """A venv at <root>/<name>; with torch: this checkout's site-packages, and a bin/fdl that
     says which interpreter it runs in."""
