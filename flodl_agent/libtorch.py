@@ -222,7 +222,7 @@ class Survey:
         return choose(wanted, self.venvs, self.box, self.running, sources, self.root)
 
 
-def survey(wanted: str = "auto", cpu_offer: bool = False, kfd: Path | None = None) -> Survey:
+def survey(wanted: str = "auto", cpu_offer: bool = False) -> Survey:
     """Read what ``wanted`` is chosen over: every venv under the root for ``auto`` (and the
     cards, unless the box offers CPU ranks only), a named variant's own venv alone."""
     where = root()
@@ -233,7 +233,7 @@ def survey(wanted: str = "auto", cpu_offer: bool = False, kfd: Path | None = Non
         # A named variant found installed never looks at the running venv: spare a torch import.
         running = read_venv(prefix) if wanted == "auto" or not venvs else Venv(prefix.name, prefix, Torch())
     running = Venv(running.name, running.path, running.torch, fdl=True)
-    box = box_gpus(kfd) if wanted == "auto" and not cpu_offer else BoxGpus()
+    box = box_gpus() if wanted == "auto" and not cpu_offer else BoxGpus()
     return Survey(where, venvs, running, box)
 
 
