@@ -38,7 +38,7 @@ def read_spec(from_stdin: bool, command: str = "join") -> AgentSpec:
         fail(command, str(exc))
 
 
-def _join_block(config_file: Path | None) -> Join:
+def join_block(config_file: Path | None) -> Join:
     path = project_file(config_file)
     if path is None:
         return Join()
@@ -146,7 +146,7 @@ def join_cmd(
     transient (re-dial), 2 permanent.
     """
     # A launcher's spec is the whole story: a stray ./fdl.yml on the worker must not reroute it.
-    block = Join() if spec_stdin else _join_block(config_file)
+    block = Join() if spec_stdin else join_block(config_file)
     # Before stdin is read (a --token - or --spec-stdin line): the re-exec'd agent reads it.
     pick_variant(libtorch, block, devices)
     spec = read_spec(spec_stdin)
