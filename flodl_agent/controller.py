@@ -21,27 +21,28 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from . import wire
 from .address import is_loopback
 from .admission import Cohort, Refusal, check
+from .controller_settings import Settings
 from .controller_view import ControllerView, host_json
 from .hub import Hub
 from .join_protocol import Closed, HelloReceived, JoinServer, Message
 from .listener import Listener, Timeouts
-from .messages import Average, BadMessage, Heartbeat, Hello, Plane, RankExited, Stream
+from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
 from .placement.fleet import PlacementError
 from .placement.parallel import check_world
 from .ranks import RankRange, assign_contiguous, rank_span
 from .rendezvous import StreamRouter
 from .streams import next_event, write_parts
-from .supervision import Cut, Evict, FailRun, Limits, Shutdown, Stalled, Supervisor, Verdict
+from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
 from .traffic import RoundFailed, Traffic
-from .window import Fail, Form, Keep, Window, WindowConfig
+from .window import Fail, Form, Keep, Window
 
 
 @dataclass
@@ -57,38 +58,6 @@ class Link:
 
     def send(self, kind: wire.Kind, body: dict[str, Any], blob: wire.Blob = b"") -> None:
         write_parts(self.writer, self.conn.send(kind, body, blob))
-
-
-@dataclass
-class Settings:
-    window: WindowConfig
-    command: list[str]
-    bind: str = "127.0.0.1"
-    port: int = 1337
-    token: str | None = None
-    open_admission: bool = False
-    plane: Plane = "cpu"
-    tunnel_only: bool = False  # every walk-in comes through the join door (cluster.controller.join)
-    env: dict[str, str] = field(default_factory=dict)
-    launch: str = ""  # this launch's label (8 hex): logs, /state.json, TORCHELASTIC_RUN_ID
-    roster: list[str] = field(default_factory=list)  # configured workers, in rank order
-    max_failure: str = "0"  # ranks that may fail mid-run: "N", or "P%" of the formed world
-    shutdown_grace: float = 60.0  # seconds survivors get to save before the run is aborted
-    stall_ceiling: float = 600.0  # seconds an averaging round may wait for its last host
-    heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
-    parallelism: dict[str, int] | None = None  # tensor/pipeline/data/expert the formed world must satisfy
-    tls: tuple[str, str] | None = None  # (certificate, key): serve the port over TLS
-    # What the cluster file says of each roster host (docker, gpu_ram_share), and of any
-    # other walk-in (the cluster's defaults): it rides that host's envelope in WorldFormed.
-    host_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    walk_in_facts: dict[str, Any] = field(default_factory=dict)
-
-    def facts(self, host: str) -> dict[str, Any]:
-        return self.host_facts.get(host, self.walk_in_facts)
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(self.max_failure, self.shutdown_grace, self.stall_ceiling, self.heartbeat_timeout)
 
 
 class Controller:
@@ -449,9 +418,10 @@ class Controller:
             return
         if supervisor.all_exited(host) and self.traffic is not None:
             self.traffic.ranks_done(host)
-        self.note("exit", f"rank {exited.rank} on {host} exited with code {exited.code}")
+        ended = f"rank {exited.rank} on {host} {exit_words(exited.code)}"
+        self.note("exit", ended)
         if exited.code != 0 and self.window.phase == "training":
-            self._rank_failed(f"rank {exited.rank} on {host} exited with code {exited.code}", {exited.rank})
+            self._rank_failed(ended, {exited.rank})
 
     def _average(self, host: str, pushed: Average, blob: wire.Blob) -> None:
         traffic = self.traffic

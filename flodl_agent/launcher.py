@@ -14,7 +14,8 @@ from typing import Any
 from .address import is_loopback, join_address
 from .config.models import Cluster
 from .config.problems import format_path
-from .controller import Controller, Settings
+from .controller import Controller
+from .controller_settings import Settings
 from .dispatch import DispatchError, count_devices
 from .errors import Failure
 from .fanout import Fanout, FanoutError, plan

@@ -40,6 +40,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.admission": PYDANTIC,
     "flodl_agent.join_protocol": PYDANTIC,
     "flodl_agent.supervision": IO_MODULES,
+    "flodl_agent.controller_settings": PYDANTIC,
     "flodl_agent.retry": IO_MODULES,
     "flodl_agent.offer": PYDANTIC,
     "flodl_agent.variants": PYDANTIC,
