@@ -58,8 +58,8 @@ def read_reports(files: Mapping[int, Path]) -> dict[int, dict[str, Any]]:
                 "loss": _finite(body.get("loss")),
                 "at": float(body["at"]),
             }
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # not reported yet
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            continue  # not reported yet (or not a report: a rank's file is no peer to trust)
     return found
 
 

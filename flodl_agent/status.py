@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import ssl
 from collections import Counter
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .address import join_address, split_address
+from .names import printable
 from .pin import PinMismatch, check_pin
 from .tls import client_context
 
@@ -82,7 +84,7 @@ def request(
         conn.close()
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can follow
         raise Unreachable(
             f"{addr} answered, but not with flodl's state (is this the controller port?)"
         ) from None
@@ -90,7 +92,7 @@ def request(
 
 
 def _clock(seconds: Any) -> str:
-    if seconds is None:
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):  # None, or no number
         return "-"
     s = max(0, int(seconds))
     return f"{s // 60}m{s % 60:02d}s"
@@ -102,16 +104,31 @@ def _ago(state: dict[str, Any], host: dict[str, Any]) -> float | None:
     return now - joined if isinstance(now, (int, float)) and isinstance(joined, (int, float)) else None
 
 
-def group_devices(labels: list[str]) -> str:
-    counts = Counter(labels)
+def peer(value: Any) -> str:
+    """Text from the state (host names, labels, reasons: a peer's words) as a terminal may show it."""
+    return printable(str(value))
+
+
+def _hosts(state: dict[str, Any]) -> list[dict[str, Any]]:
+    hosts = state.get("hosts")
+    return [h for h in hosts if isinstance(h, dict)] if isinstance(hosts, list) else []
+
+
+def _ranks(ranks: Any) -> str:
+    ok = isinstance(ranks, list) and len(ranks) == 2
+    return f"[{peer(ranks[0])}..{peer(ranks[1])})" if ok else "-"
+
+
+def group_devices(labels: Any) -> str:
+    counts = Counter(map(peer, labels if isinstance(labels, list) else []))
     return ", ".join(f"{n}x {name}" for name, n in counts.items()) or "-"
 
 
 def one_line(state: dict[str, Any]) -> str:
     """The roster in a line: for a spinner while the window is open."""
     target = state.get("target")
-    hosts = ", ".join(str(h.get("host")) for h in state.get("hosts", [])) or "nobody yet"
-    return (
+    hosts = ", ".join(peer(h.get("host")) for h in _hosts(state)) or "nobody yet"
+    return peer(
         f"{state.get('phase')}: {state.get('joined_ranks', 0)} ranks (quorum {state.get('quorum')}"
         f"{f', target {target}' if target is not None else ''}) from {hosts}; "
         f"window {_clock(state.get('window_left_s'))}, hard cap {_clock(state.get('cap_left_s'))}"
@@ -119,31 +136,35 @@ def one_line(state: dict[str, Any]) -> str:
 
 
 def render(state: dict[str, Any]) -> list[Text | Table]:
-    phase = str(state.get("phase", "?"))
+    phase = peer(state.get("phase", "?"))
     head = Text()
     head.append(phase, style=PHASE_STYLE.get(phase, ""))
     target = state.get("target")
     head.append(
-        f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts"
-        f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'})"
+        peer(
+            f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts"
+            f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'})"
+        )
     )
     head.append(
-        f"  start {state.get('start')}{' (armed)' if state.get('armed') else ''}"
-        f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}"
+        peer(
+            f"  start {state.get('start')}{' (armed)' if state.get('armed') else ''}"
+            f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}"
+        )
     )
     out: list[Text | Table] = [head]
     if state.get("failure"):
-        out.append(Text(f"failure: {state['failure']}", style="red"))
+        out.append(Text(f"failure: {peer(state['failure'])}", style="red"))
     table = Table("host", "ranks", "devices", "torch", "joined")
-    for host in state.get("hosts", []):
-        ranks = host.get("ranks")
-        table.add_row(
-            str(host.get("host")),
-            f"[{ranks[0]}..{ranks[1]})" if ranks else "-",
+    for host in _hosts(state):
+        cells = (
+            peer(host.get("host")),
+            _ranks(host.get("ranks")),
             group_devices(host.get("device_labels") or host.get("devices") or []),
-            str(host.get("variant", "-")),
+            peer(host.get("variant", "-")),
             f"{_clock(_ago(state, host))} ago",
         )
-    if state.get("hosts"):
+        table.add_row(*map(Text, cells))  # Text: a peer's `[red]` is not markup
+    if _hosts(state):
         out.append(table)
     return out

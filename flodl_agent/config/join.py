@@ -12,10 +12,10 @@ from .fields import (
     Devices,
     Env,
     Fingerprint,
+    HostName,
     IfName,
     Libtorch,
     Model,
-    Name,
     Share,
     SourceSpecText,
     Token,
@@ -42,7 +42,7 @@ class Join(Model):
     )
     token: Token | None = Field(None, description="the run's join.token")
     ssh: Ssh | None = Field(None, description="dial through this sshd with a local forward")
-    host: Name | None = Field(None, description="this box's name in the roster (default: hostname)")
+    host: HostName | None = Field(None, description="this box's name in the roster (default: hostname)")
     devices: Devices | None = Field(None, description="devices offered (default: every GPU)")
     bin: str | None = Field(None, description="entry point to run as given")
     args: list[str] = Field(default_factory=list, description="arguments for the entry point")

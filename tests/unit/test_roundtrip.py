@@ -98,6 +98,13 @@ def clusters(draw: st.DrawFn) -> dict[str, Any]:
     for key, strategy in [("path", paths), ("docker", names), ("join", st.just(join))]:
         if draw(st.booleans()) or key == "join":
             controller[key] = draw(strategy)
+    if (
+        not hosts
+        and controller["host"] != "127.0.0.1"
+        and not join.get("tunnel_only")
+        and "token" not in join
+    ):
+        join["open_admission"] = True  # with no roster, a network bind must let walk-ins verify
     cluster: dict[str, Any] = {"controller": controller, "workers": workers}
     if draw(st.booleans()):
         cluster["env"] = draw(env)
