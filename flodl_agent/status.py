@@ -135,6 +135,13 @@ def _number(value: Any, digits: str) -> str:
     return format(value, digits) if isinstance(value, (int, float)) else "-"
 
 
+def _seconds(value: Any) -> str:
+    """A duration as people read it: 0.5 ms, 42.1 ms, 1.25 s."""
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{value * 1000:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
 def _span(ranks: Any) -> str:
     return rank_span(range(ranks[0], ranks[1])) if ranks else "-"
 
@@ -160,10 +167,7 @@ def render(state: dict[str, Any]) -> list[Text | Table]:
     averaging = state.get("averaging") or {}
     if averaging.get("rounds"):
         out.append(
-            Text(
-                f"averaging: {averaging['rounds']} rounds, the last in "
-                f"{_number(averaging.get('round_s'), '.3g')} s"
-            )
+            Text(f"averaging: {averaging['rounds']} rounds, the last in {_seconds(averaging.get('round_s'))}")
         )
     beats = state.get("heartbeats") or {}
     table = Table("host", "ranks", "devices", "torch", "joined", "heartbeat")
