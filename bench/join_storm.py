@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from flodl_agent import wire
-from flodl_agent.controller import Controller, Settings
+from flodl_agent.controller import Controller
+from flodl_agent.controller_settings import Settings
 from flodl_agent.join_protocol import Accepted, Challenged, Formed, JoinClient
 from flodl_agent.messages import WorldFormed
 from flodl_agent.streams import next_event, write_parts

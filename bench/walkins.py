@@ -6,7 +6,8 @@ import asyncio
 import socket
 import sys
 
-from flodl_agent.controller import Controller, Settings
+from flodl_agent.controller import Controller
+from flodl_agent.controller_settings import Settings
 from flodl_agent.window import WindowConfig
 
 AGENT = """

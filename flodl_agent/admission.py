@@ -100,8 +100,16 @@ _SIGNATURES = (
 )
 
 
-def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
-    """``None`` when ``hello`` may join ``cohort``; otherwise why not."""
+TUNNEL_FIX = (
+    "run the job in a CPU mode (fdl launch --plane cpu: gloo or a cpu_* ElChe mode averages "
+    "through the controller, which a tunnel carries), or let this box reach the others directly "
+    "(no --ssh / join.ssh, no tunnel: true)"
+)
+
+
+def check(cohort: Cohort, hello: Hello, plane: Plane, tunnel_only: bool = False) -> Refusal | None:
+    """``None`` when ``hello`` may join ``cohort``; otherwise why not.
+    ``tunnel_only``: the window admits through the join door alone (every walk-in is tunnelled)."""
     if not hello.host.strip():
         return Refusal(
             "no_host", "the hello names no host", "give the box a name with --host NAME", permanent=True
@@ -131,6 +139,20 @@ def check(cohort: Cohort, hello: Hello, plane: Plane) -> Refusal | None:
             "hostname; --host renames a walk-in",
         )
     if plane == "nccl":
+        if hello.tunnel or tunnel_only:
+            # Admitted, it would hang at NCCL's first collective: a forward is hub and spoke.
+            how = (
+                "this box dials through an ssh tunnel"
+                if hello.tunnel
+                else "this window admits through the ssh door alone (tunnel_only)"
+            )
+            return Refusal(
+                "tunnel_under_nccl",
+                f"{how}, and a tunnel carries only the CPU plane: an NCCL data plane needs a mesh "
+                "between the hosts, which a port forward cannot carry",
+                TUNNEL_FIX,
+                permanent=True,
+            )
         if hello.vendor == "cpu":
             return Refusal(
                 "cpu_under_nccl",

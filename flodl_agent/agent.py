@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +29,21 @@ from .averaging import AverageRelay
 from .box import box_offer, get_ready, this_box
 from .config.devices import DeviceOffer
 from .config.models import Source, Ssh
+from .containers import ComposeRanks, check_service
 from .errors import CLEAN, PERMANENT, TRANSIENT
 from .join_protocol import Aborted, Accepted, Closed, Formed, JoinClient, JoinError, Message, Refused
-from .messages import Averaged, BadMessage, Stream, WorldFormed
+from .messages import Averaged, BadMessage, Stream, WorldFormed, shown_command
 from .metrics import read_reports
 from .net import keepalive
 from .offer import Offer
 from .prepare import Prepared
+from .publish import entry_command
 from .rank_env import rank_envs
+from .ranks import rank_span
 from .rendezvous import StreamRelay, serve_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from .streams import DIAL_TIMEOUT, dial, next_event, write_parts
+from .supervision import ranks_failed
 from .tunnel import Tunnel
 
 # A tunnel's door that does not permit the forward accepts, then hangs up.
@@ -49,6 +53,7 @@ BROKE_FIX = (
 )
 KILL_GRACE = 5.0
 HEARTBEAT_EVERY = 5.0  # seconds between beats while ranks train (the controller waits 30 by default)
+FIRST_BEAT = 1.0  # seconds from the ranks' start to the first beat
 CLOSE_TIMEOUT = 10.0
 
 
@@ -59,8 +64,9 @@ class AgentOptions:
     key: bytes | None = None  # join.token or the fan-out salt; None under open admission
     host: str = field(default_factory=socket.gethostname)
     devices: DeviceOffer = field(default_factory=lambda: DeviceOffer("all"))
-    bin: str | None = None  # replaces the entry point with this box's local path
+    bin: str | None = None  # this box's own entry point: with args, its ranks' command
     ssh: Ssh | None = None
+    tunnel: bool = False  # dials through an ssh forward: ssh set, or a launcher's ssh -R
     data_path: str = ""
     env: dict[str, str] = field(default_factory=dict)
     model_sig: str = ""
@@ -70,7 +76,7 @@ class AgentOptions:
     source: Source | None = None  # join.source: fetch, check and build the run before every dial
     data_source: str = ""  # join.data_source: mount data_path read-only from here (sshfs, door A)
     stage: str = "~/.flodl/stage"  # node-local: where the fetched tree and its build live
-    args: list[str] = field(default_factory=list)  # local args (a published manifest's replace them)
+    args: list[str] = field(default_factory=list)  # bin's arguments (a published manifest's replace them)
     tls_fingerprint: str = ""  # the controller port speaks TLS: its certificate's pinned fingerprint
     heartbeat_every: float = HEARTBEAT_EVERY  # seconds between beats while ranks train
     # What only this box knows beats what the controller's cluster file says of it (the envelope):
@@ -95,6 +101,7 @@ class Attempt:
         self.log = log
         self.on_wait = on_wait  # True while admitted and waiting for the world (a spinner's cue)
         self.children: list[asyncio.subprocess.Process] = []
+        self.compose: ComposeRanks | None = None  # the ranks run in a compose service
 
     async def run(self, dial_host: str, dial_port: int) -> int:
         reader, writer = await dial(dial_host, dial_port, self.options.tls_fingerprint)
@@ -122,7 +129,10 @@ class Attempt:
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, road: str) -> int:
         client = JoinClient(self.options.key)
         writer.write(client.start())
-        if isinstance(await next_event(reader, client, DIAL_TIMEOUT), Closed):
+        first = await next_event(reader, client, DIAL_TIMEOUT)
+        if isinstance(first, Refused):  # turned away before any frame: rate-limited
+            raise Transient(f"refused: {first.reject.reason}", first.reject.fix)
+        if isinstance(first, Closed):
             # Through a tunnel, a door that forbids the forward accepts and hangs up.
             raise Transient("the connection to the controller broke before its challenge", BROKE_FIX)
         writer.write(client.hello(self.hello()))
@@ -139,8 +149,8 @@ class Attempt:
         assert isinstance(answer, Accepted)
         first_rank, count = answer.accept.ranks
         self.log(
-            f"admitted as {self.options.host}: ranks [{first_rank}..{first_rank + count}) (provisional); "
-            "waiting for the world to form"
+            f"admitted as {self.options.host}: {rank_span(range(first_rank, first_rank + count), noun=True)} "
+            "(provisional); waiting for the world to form"
         )
         self.on_wait(True)
         try:
@@ -165,6 +175,8 @@ class Attempt:
             "dataset_sig": self.options.dataset_sig,
             "run_id": self.options.run_id,
             "data_path": self.options.data_path,
+            "command": shown_command(own) if (own := self.own_command()) else "",
+            "tunnel": self.options.tunnel or self.options.ssh is not None,
         }
 
     def rank_env(
@@ -174,17 +186,26 @@ class Attempt:
         store_port: int,
         plane: dict[str, str] | None = None,
         reports: dict[int, Path] | None = None,
+        inherit: bool = True,
     ) -> list[dict[str, str]]:
-        """Per-rank environments (:func:`~flodl_agent.rank_env.rank_envs`) for this box."""
-        return rank_envs(this_box(self.options), world, self.offer.devices, road, store_port, plane, reports)
+        """Per-rank environments (:func:`~flodl_agent.rank_env.rank_envs`) for this box;
+        without ``inherit``, none of the agent's own environment (a container has its own)."""
+        box = this_box(self.options)
+        box = box if inherit else replace(box, base={})
+        return rank_envs(box, world, self.offer.devices, road, store_port, plane, reports)
+
+    def own_command(self) -> list[str] | None:
+        """What this box's ranks run whatever the launch says: the published run it fetched
+        (the manifest is the authority), else its own entry and arguments (--bin PATH -- ARGS,
+        join.bin/args); None: the launch's command."""
+        if self.prepared is not None:
+            return list(self.prepared.command)
+        if self.options.bin:
+            return entry_command(self.options.bin, self.options.args)
+        return None
 
     def command(self, world: WorldFormed) -> list[str]:
-        if self.prepared is not None:
-            return list(self.prepared.command)  # the manifest is the authority over what runs
-        command = list(world.command)
-        if self.options.bin:
-            command[0] = self.options.bin  # only the entry point is local; the args are the run's
-        return command
+        return self.own_command() or list(world.command)
 
     async def _train(
         self,
@@ -198,9 +219,14 @@ class Attempt:
         if mine.host != self.options.host:
             raise Transient(f"the formed world was addressed to {mine.host}, not this host")
         command = self.command(world)
+        cwd = self.prepared.cwd if self.prepared is not None else None
+        service = self.options.docker or mine.docker  # the box's own value beats the cluster file's
+        if service:
+            project = await check_service(service, self.options, cwd, world.env)
+            self.compose = ComposeRanks(project, self.options, world, self.offer.variant, cwd, self.log)
         self.log(
             f"world formed: {world.world_size} ranks; this host runs "
-            f"[{mine.first_rank}..{mine.first_rank + mine.count})"
+            f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)}"
         )
         relay, store, store_port = await self._rendezvous(world, writer, client)
 
@@ -215,16 +241,20 @@ class Attempt:
             for r in range(mine.first_rank, mine.first_rank + mine.count)
         }
         ranks = []
-        for local, env in enumerate(self.rank_env(world, road, store_port, plane, reports)):
+        envs = self.rank_env(world, road, store_port, plane, reports, inherit=self.compose is None)
+        for local, env in enumerate(envs):
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *command,
-                    env=env,
-                    cwd=self.prepared.cwd if self.prepared is not None else None,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                if self.compose is not None:
+                    proc = await self.compose.start(mine.first_rank + local, command, env, averager.directory)
+                else:
+                    proc = await asyncio.create_subprocess_exec(
+                        *command,
+                        env=env,
+                        cwd=cwd,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.STDOUT,
+                        start_new_session=True,
+                    )
             except OSError as exc:
                 await relay.close()
                 await averager.close()  # its shared-memory directory goes with it
@@ -256,7 +286,10 @@ class Attempt:
                 drained.cancel()
         finally:
             abort.cancel()
-            beat.cancel()
+            beat.cancel()  # its last beat carries the ranks' final reports: before the half-close
+            await asyncio.gather(beat, return_exceptions=True)
+            if self.compose is not None:
+                await self.compose.stop(KILL_GRACE)  # while the directory they mount is still there
             await relay.close()
             await averager.close()
             del store
@@ -267,7 +300,10 @@ class Attempt:
             writer.write_eof()
         with contextlib.suppress(TimeoutError, ConnectionError):
             await asyncio.wait_for(_until_eof(reader), CLOSE_TIMEOUT)
-        return CLEAN if all(c == 0 for c in codes) else TRANSIENT
+        if any(c != 0 for c in codes):
+            self.log(ranks_failed(self.options.host, dict(enumerate(codes, mine.first_rank))))
+            return TRANSIENT
+        return CLEAN
 
     async def _rank(
         self,
@@ -282,6 +318,8 @@ class Attempt:
             sys.stdout.write(f"[rank {rank}] {line}\n")
             sys.stdout.flush()
         code = await proc.wait()
+        if self.compose is not None:
+            code = await self.compose.exit_code(rank, code)  # the container's, not its client's
         averager.rank_exited(rank)
         write_parts(writer, client.send(wire.Kind.RANK_EXITED, {"rank": rank, "code": code}))
         return code
@@ -326,6 +364,8 @@ class Attempt:
                 averager.deliver(event.message.model_dump(), event.blob)
 
     async def _kill_children(self) -> None:
+        if self.compose is not None:
+            await self.compose.stop(KILL_GRACE)  # its clients die with their containers
         alive = [p for p in self.children if p.returncode is None]
         for proc in alive:
             with contextlib.suppress(ProcessLookupError):
@@ -343,12 +383,26 @@ async def _heartbeat(
     writer: asyncio.StreamWriter, client: JoinClient, reports: dict[int, Path], every: float
 ) -> None:
     """Tell the controller this host is alive while its ranks train (its watchdog's input),
-    with the ranks' latest progress reports (the status page's and /metrics' input)."""
-    while True:
-        await asyncio.sleep(every)
+    with the ranks' latest progress reports (the status page's and /metrics' input).
+
+    The first beat comes after a second, not a period (the page shows progress as soon
+    as there is some), and a last one when the ranks end (their final step and loss)."""
+
+    def beat() -> None:
         # msgpack maps take string keys only: the controller reads the ranks back as ints.
         ranks = {str(rank): body for rank, body in read_reports(reports).items()}
         write_parts(writer, client.send(wire.Kind.HEARTBEAT, {"ranks": ranks}))
+
+    try:
+        await asyncio.sleep(min(every, FIRST_BEAT))
+        while True:
+            beat()
+            await asyncio.sleep(every)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # a link already gone takes no last beat
+            if not writer.is_closing():
+                beat()
+        raise
 
 
 async def output_lines(stream: asyncio.StreamReader, longest: int = 16384) -> AsyncIterator[str]:
@@ -377,6 +431,8 @@ async def join_once(
 ) -> int:
     offer = box_offer(options.devices)
     options, prepared = await get_ready(options, log)
+    if options.docker:  # before the dial: a box that cannot start its ranks must not take any
+        await check_service(options.docker, options, prepared.cwd if prepared else None, {})
     attempt = Attempt(options, offer, log, on_wait, prepared)
     if options.ssh is None:
         return await attempt.run(options.controller_host, options.controller_port)
@@ -432,8 +488,6 @@ async def _join_loop(
             code = await join_once(options, log, on_wait)
             if code == CLEAN:
                 log(f"run finished cleanly on {options.host}")
-            else:
-                log("a rank failed; the run ended with errors")
         except AgentFailure as exc:
             log(exc.render())
             code = exc.code

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from .config import Worker
-from .config.fields import Variant
+from .config.fields import Service, Variant
 from .credentials import SPEC_KEY_PATTERN
 
 
@@ -32,6 +32,11 @@ class AgentSpec(BaseModel):
     # exists; an agent that finds itself elsewhere may re-exec into the variant's fdl. Unset:
     # run where started. Validated as arch is (no absolute path, no `..`): it names a path.
     libtorch: Variant | None = None
+    # The agent dials back through the session's `ssh -R` (a tunnel: worker, or tunnel_only):
+    # its hello says so, and an NCCL plane refuses it (a forward cannot carry a mesh).
+    tunnel: bool = False
+    gpu_ram_share: float | None = Field(None, gt=0, allow_inf_nan=False)  # cluster.workers[].gpu_ram_share
+    docker: Service | None = None  # cluster.workers[].docker: the compose service the ranks run in
 
 
 def for_worker(worker: Worker, **dial: object) -> AgentSpec:
@@ -45,6 +50,8 @@ def for_worker(worker: Worker, **dial: object) -> AgentSpec:
             "env": worker.env,
             "socket_ifname": worker.nccl_socket_ifname or "",
             **({"libtorch": worker.arch} if worker.arch else {}),
+            **({"gpu_ram_share": worker.gpu_ram_share} if worker.gpu_ram_share is not None else {}),
+            **({"docker": worker.docker} if worker.docker else {}),
             **dial,
         }
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config.devices import DeviceOffer
-from .gpus import read_cards, read_torch
+from .gpus import amd_access, read_cards, read_torch
 from .net import DEAD_MOUNT, socket_ifnames
 from .offer import Offer, resolve_offer
 from .prepare import Prepared, PrepareFailure, mount_data, prepare, ready_dir
@@ -35,7 +35,8 @@ def box_offer(devices: DeviceOffer) -> Offer:
     if devices.kind == "cpu":
         return resolve_offer(devices)
     torch = read_torch()
-    return resolve_offer(devices, torch, read_cards(torch.usable_gpus))
+    amd = amd_access() if torch.usable_gpus == 0 else None  # why torch sees none, if AMD cards are here
+    return resolve_offer(devices, torch, read_cards(torch.usable_gpus), amd)
 
 
 def this_box(options: AgentOptions) -> Box:
@@ -46,6 +47,7 @@ def this_box(options: AgentOptions) -> Box:
         data_path=options.data_path,
         env=options.env,
         ifnames=socket_ifnames(options.socket_ifname),  # against /sys/class/net
+        gpu_ram_share=options.gpu_ram_share,
     )
 
 

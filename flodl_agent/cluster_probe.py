@@ -11,15 +11,15 @@ between boxes, a box that could not be probed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
-from .fanout import run_fdl, worker_ssh
-from .probe import Finding, as_json_payload, check, gather
+from .fanout import ask, run_fdl, worker_ssh
+from .findings import Finding
+from .probe import as_json_payload, check, gather
 
 PROBE_TIMEOUT = 120.0  # seconds one box gets (importing torch on a cold disk is slow)
 CONTROLLER = "(controller)"
@@ -113,17 +113,28 @@ def across(reports: list[Report]) -> list[Finding]:
 
 
 def _data(workers: list[Report]) -> list[Finding]:
-    """The data root as each box sees it: present on some and not others, or listing differently."""
+    """The data root as each box signs it, compared the way admission compares the hellos'
+    dataset signatures: declared roots must agree; convention roots only earn a warning."""
     seen = {r.host: r.facts["data"] for r in workers if r.facts.get("data", {}).get("path")}
-    if len(seen) < 2:
+    declared = {h: d for h, d in seen.items() if d.get("declared", True)}
+    convention = {h: d for h, d in seen.items() if not d.get("declared", True) and d.get("exists")}
+    return _compare(declared, True) + _compare(convention, False)
+
+
+def _state(d: dict[str, Any]) -> str:
+    if d.get("signature"):
+        return f"signature {d['signature'][:12]} ({d.get('entries', 0)} entries)"
+    return str(d.get("error") or d.get("signature_error") or ("unsigned" if d.get("readable") else "missing"))
+
+
+def _compare(roots: dict[str, dict[str, Any]], declared: bool) -> list[Finding]:
+    if len(roots) < 2:
         return []
-    state = {
-        host: (f"{d['entries']} entries" if d.get("readable") else (d.get("error") or "missing"))
-        for host, d in seen.items()
-    }
-    paths = {host: d["path"] for host, d in seen.items()}
-    readable = [h for h, d in seen.items() if d.get("readable")]
-    if 0 < len(readable) < len(seen):
+    state = {host: _state(d) for host, d in roots.items()}
+    paths = {host: d["path"] for host, d in roots.items()}
+    where = _listing(_by_value(paths)) if len(set(paths.values())) > 1 else next(iter(paths.values()))
+    signed = {h: d["signature"] for h, d in roots.items() if d.get("signature")}
+    if declared and 0 < len(signed) < len(roots):
         return [
             Finding(
                 "data",
@@ -132,39 +143,45 @@ def _data(workers: list[Report]) -> list[Finding]:
                 "mount the same data root on every box (flodl_worker_data_mount, or join.data_source)",
             )
         ]
-    if len(set(state.values())) > 1:
-        where = _listing(_by_value(paths)) if len(set(paths.values())) > 1 else next(iter(paths.values()))
+    if len(set(signed.values())) > 1 and declared:
+        return [
+            Finding(
+                "data",
+                "fail",
+                f"the data root ({where}) differs across boxes: {_listing(_by_value(state))}; admission "
+                "will refuse the odd box (dataset mismatch)",
+                "sync the data root (names, sizes and contents are signed), or mount the shared one "
+                "read-only with join.data_source",
+            )
+        ]
+    if len(set(signed.values())) > 1:
         return [
             Finding(
                 "data",
                 "warn",
-                f"the data root ({where}) lists differently across boxes: {_listing(_by_value(state))}",
-                "a stale mount (NFS, virtiofs) or an unsynced copy; the dataset signature will refuse "
-                "the odd box at the window",
+                f"no data_path declared, and the convention root ({where}) differs across boxes: "
+                f"{_listing(_by_value(state))}",
+                "admission compares declared roots only: sync it, and declare data_path so the window "
+                "holds every box to one signature",
             )
         ]
-    return [
-        Finding("data", "ok", f"the data root looks the same on {len(seen)} boxes ({state[readable[0]]})")
-    ]
+    if len(signed) == len(roots):
+        what = "data root" if declared else "convention root (no data_path declared)"
+        return [
+            Finding(
+                "data", "ok", f"the {what} is the same on {len(roots)} boxes: {next(iter(state.values()))}"
+            )
+        ]
+    return []
 
 
 async def _probe_worker(worker: Worker, path: str | None, timeout: float) -> Report:
     argv = [*worker_ssh(worker), run_fdl(path, "probe --json --no-dial --spec-stdin", worker.arch)]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        code, out, errout = await ask(argv, encode(for_worker(worker)), timeout)
     except OSError as exc:
         return Report(worker.host, error=f"cannot run ssh: {exc.strerror}")
-    try:
-        out, errout = await asyncio.wait_for(proc.communicate(encode(for_worker(worker))), timeout)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
         return Report(worker.host, error=f"no answer within {timeout:.0f}s")
     try:
         payload = json.loads(out)
@@ -172,7 +189,7 @@ async def _probe_worker(worker: Worker, path: str | None, timeout: float) -> Rep
         payload = None
     if not isinstance(payload, dict):  # ssh refused, no fdl there, or something else answered
         said = (errout or out).decode(errors="replace").strip().splitlines()
-        return Report(worker.host, error=f"exit {proc.returncode}: {said[-1] if said else 'no output'}")
+        return Report(worker.host, error=f"exit {code}: {said[-1] if said else 'no output'}")
     return Report(worker.host, payload=payload)
 
 

@@ -21,28 +21,29 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from . import wire
 from .address import is_loopback
 from .admission import Cohort, Refusal, check
+from .controller_settings import Settings
 from .controller_view import ControllerView, host_json
 from .hub import Hub
 from .join_protocol import Closed, HelloReceived, JoinServer, Message
 from .listener import Listener, Timeouts
-from .messages import Average, BadMessage, Heartbeat, Hello, Plane, RankExited, Stream
+from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
 from .names import safe_lines
 from .placement.fleet import PlacementError
 from .placement.parallel import check_world
-from .ranks import RankRange, assign_contiguous
+from .ranks import RankRange, assign_contiguous, rank_span
 from .rendezvous import StreamRouter
 from .streams import next_event, write_parts
-from .supervision import Cut, Evict, FailRun, Limits, Shutdown, Stalled, Supervisor, Verdict
+from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
 from .traffic import RoundFailed, Traffic
-from .window import Fail, Form, Keep, Window, WindowConfig
+from .window import Fail, Form, Keep, Window
 
 
 @dataclass
@@ -58,37 +59,6 @@ class Link:
 
     def send(self, kind: wire.Kind, body: dict[str, Any], blob: wire.Blob = b"") -> None:
         write_parts(self.writer, self.conn.send(kind, body, blob))
-
-
-@dataclass
-class Settings:
-    window: WindowConfig
-    command: list[str]
-    bind: str = "127.0.0.1"
-    port: int = 1337
-    token: str | None = None
-    open_admission: bool = False
-    plane: Plane = "cpu"
-    env: dict[str, str] = field(default_factory=dict)
-    launch: str = ""  # this launch's label (8 hex): logs, /state.json, TORCHELASTIC_RUN_ID
-    roster: list[str] = field(default_factory=list)  # configured workers, in rank order
-    max_failure: str = "0"  # ranks that may fail mid-run: "N", or "P%" of the formed world
-    shutdown_grace: float = 60.0  # seconds survivors get to save before the run is aborted
-    stall_ceiling: float = 600.0  # seconds an averaging round may wait for its last host
-    heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
-    parallelism: dict[str, int] | None = None  # tensor/pipeline/data/expert the formed world must satisfy
-    tls: tuple[str, str] | None = None  # (certificate, key): serve the port over TLS
-    # What the cluster file says of each roster host (docker, gpu_ram_share), and of any
-    # other walk-in (the cluster's defaults): it rides that host's envelope in WorldFormed.
-    host_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    walk_in_facts: dict[str, Any] = field(default_factory=dict)
-
-    def facts(self, host: str) -> dict[str, Any]:
-        return self.host_facts.get(host, self.walk_in_facts)
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(self.max_failure, self.shutdown_grace, self.stall_ceiling, self.heartbeat_timeout)
 
 
 class Controller:
@@ -114,6 +84,7 @@ class Controller:
         self.links: dict[str, Link] = {}
         self.cohort = Cohort()
         self.view = ControllerView(self)
+        self.note = self.view.note  # log an event of the window, and keep it for the page's timeline
         self.listener = Listener(
             settings.bind,
             settings.port,
@@ -183,7 +154,7 @@ class Controller:
         elif isinstance(decision, Fail):
             self._fail(decision.reason)
         elif self.window.phase == "done":
-            self.log("run complete: every host link closed")
+            self.note("verdict", "run complete: every host link closed")
             self.exit_code = 0
             self.finished.set()
         self._timer = self._arm(self._timer, self.window.next_deadline(), self._decide)
@@ -261,10 +232,10 @@ class Controller:
         except Exception as exc:  # a formation that cannot ship must fail loudly, not hang
             self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
             return
-        self.log(f"world formed: {common['world_size']} ranks on {len(ranges)} hosts; training")
+        self.note("formed", f"world formed: {common['world_size']} ranks on {len(ranges)} hosts; training")
 
     def _fail(self, reason: str) -> None:
-        self.log(f"run failed: {reason}")
+        self.note("verdict", f"run failed: {reason}")
         self.reason = reason
         for link in self.links.values():
             with contextlib.suppress(Exception):
@@ -292,11 +263,11 @@ class Controller:
         if verdict is None:
             return False
         if isinstance(verdict, Evict):
-            self.log(verdict.describe())
+            self.note("eviction", verdict.describe())
             return True
         if isinstance(verdict, Cut):
             # The backstop behind exit reports and link ends: a frozen agent, or a partition without a reset.
-            self.log(f"host {verdict.host} sent nothing for {verdict.silence:.0f}s; cutting its link")
+            self.note("cut", f"host {verdict.host} sent nothing for {verdict.silence:.0f}s; cutting its link")
             link = self.links.get(verdict.host)
             if link is not None:
                 link.writer.close()
@@ -311,7 +282,7 @@ class Controller:
                 f"waiting on {missing}"
             )
         if isinstance(verdict, Shutdown):
-            self.log(f"ShutdownWithSave: {verdict.reason}; rank {verdict.saver} saves a checkpoint")
+            self.note("save", f"ShutdownWithSave: {verdict.reason}; rank {verdict.saver} saves a checkpoint")
             assert self.traffic is not None  # only averaging ranks are asked to save
             self.traffic.shutdown()
             self._rearm()  # the grace's deadline
@@ -370,7 +341,7 @@ class Controller:
         refusal = self._admit(hello)
         if refusal is not None:
             self.refused[refusal.code] += 1
-            self.log(f"refused {hello.host or peer}: {refusal.reason}")
+            self.note("refusal", f"refused {hello.host or peer}: {refusal.reason}")
             writer.write(conn.refuse(refusal.reason, refusal.fix, permanent=refusal.permanent))
             await writer.drain()
             return None
@@ -383,8 +354,9 @@ class Controller:
         # may trigger) speaks this connection's key.
         writer.write(conn.accept(first, count))
         self.admitted += 1
-        self.log(
-            f"admitted {hello.host} ({peer}): ranks [{first}..{first + count}) on {', '.join(hello.devices)}"
+        span = rank_span(range(first, first + count), noun=True)
+        self.note(
+            "join", f"admitted {hello.host} ({peer}): {span} on {', '.join(hello.devices)}; runs {hello.runs}"
         )
         self._apply(decision)
         try:
@@ -404,7 +376,7 @@ class Controller:
                 f"the window is closed (phase {self.window.phase})",
                 "wait for the next run; --persist re-dials",
             )
-        return check(self.cohort, hello, self.settings.plane)
+        return check(self.cohort, hello, self.settings.plane, self.settings.tunnel_only)
 
     async def _link(self, reader: asyncio.StreamReader, link: Link) -> None:
         """The host's control link for the whole run; its EOF is the host's exit."""
@@ -448,9 +420,10 @@ class Controller:
             return
         if supervisor.all_exited(host) and self.traffic is not None:
             self.traffic.ranks_done(host)
-        self.log(f"rank {exited.rank} on {host} exited with code {exited.code}")
+        ended = f"rank {exited.rank} on {host} {exit_words(exited.code)}"
+        self.note("exit", ended)
         if exited.code != 0 and self.window.phase == "training":
-            self._rank_failed(f"rank {exited.rank} on {host} exited with code {exited.code}", {exited.rank})
+            self._rank_failed(ended, {exited.rank})
 
     def _average(self, host: str, pushed: Average, blob: wire.Blob) -> None:
         traffic = self.traffic
@@ -482,7 +455,7 @@ class Controller:
             return
         supervisor = self.supervisor
         if supervisor is not None and supervisor.shutdown:
-            self.log(f"host {host} closed its link")
+            self.note("leave", f"host {host} closed its link")
             if not self.links:  # every survivor has saved and gone
                 self._apply(self.window.fail(supervisor.shutdown, self.clock()))
             return
@@ -491,7 +464,7 @@ class Controller:
             verdict = supervisor.host_closed(host, averaging=averaging, now=self.clock())
             if verdict is not None and not self._verdict(verdict):
                 return
-        self.log(f"host {host} closed its link")
+        self.note("leave", f"host {host} closed its link")
         self._apply(self.window.leave(host, self.clock()))
 
     # --- the status surface's one action (its views: ControllerView) ------------------
@@ -510,7 +483,7 @@ class Controller:
                 return 403, {"error": "bad token: pass the run's join.token (FDL_TOKEN or --token -)"}
         reply = self.window.request_start(self.clock())
         if reply.accepted:
-            self.log("operator start accepted")
+            self.note("start", "operator start accepted")
             self._apply(self.window.decide(self.clock()))
             return reply.status, {"armed": True, "reason": reply.reason}
         return reply.status, {"armed": False, "error": reply.reason}

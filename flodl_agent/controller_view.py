@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .history import Timeline
 from .metrics import exposition
 from .ranks import assign_contiguous
 
 if TYPE_CHECKING:
     from .controller import Controller, Link
+
+HISTORY_EVERY = 1.0  # seconds: /history.json is rendered at most this often, however many pages poll
 
 
 def host_json(link: Link, first: int) -> str:
@@ -28,6 +32,7 @@ def host_json(link: Link, first: int) -> str:
             "devices": hello.devices,
             "device_labels": hello.device_labels,
             "variant": hello.variant,
+            "command": hello.command,  # "": the launch's command
             "joined_at": round(link.joined_at, 1),
         }
     )
@@ -37,6 +42,26 @@ class ControllerView:
     def __init__(self, controller: Controller) -> None:
         self.ctl = controller
         self._roster: dict[str, str] | None = {}  # host -> its JSON, in admission order; None = rebuild
+        self.timeline = Timeline()  # the window's joins, refusals and verdicts, for the page
+        self.polled: float | None = None  # the controller's clock at the last /state.json
+        self.on_poll: Callable[[], None] = lambda: None  # the launcher's linger waits on a poll
+        self._history: tuple[tuple[int, ...], float, bytes] | None = None  # (versions, at, JSON)
+        config = controller.window.config
+        self.timeline.add(
+            controller.clock(),
+            "open",
+            f"join window opened (quorum {config.quorum}, target {config.target or 'none'}, "
+            f"start {config.start})",
+        )
+
+    def note(self, kind: str, line: str) -> None:
+        """An event of the window: the controller's log line, and the timeline's entry."""
+        self.ctl.log(line)
+        self.timeline.add(self.ctl.clock(), kind, line)
+
+    def watched(self, within: float) -> bool:
+        """Someone polled /state.json in the last ``within`` seconds (a page, ``fdl status --watch``)."""
+        return self.polled is not None and self.ctl.clock() - self.polled <= within
 
     def arrived(self, link: Link, first: int) -> None:
         if self._roster is not None:  # an arrival appends; nobody's ranks move
@@ -72,7 +97,15 @@ class ControllerView:
             "admitted": ctl.admitted,
             "refused": dict(ctl.refused),
             "dropped": dict(ctl.dropped),
-            "averaging": {"rounds": ctl.hub.rounds_done, "bytes": ctl.hub.bytes_in} if ctl.hub else None,
+            "averaging": (
+                {
+                    "rounds": ctl.hub.rounds_done,
+                    "bytes": ctl.hub.bytes_in,
+                    "round_s": ctl.traffic.rounds.seconds_json(),
+                }
+                if ctl.hub and ctl.traffic
+                else None
+            ),
             "ranks": ctl.board.snapshot(now),
             "heartbeats": (
                 {host: round(now - seen, 1) for host, seen in supervisor.seen.items() if host in ctl.links}
@@ -83,11 +116,36 @@ class ControllerView:
 
     def state_json(self) -> bytes:
         """/state.json: the small live head, with the cached roster spliced in."""
+        self.polled = self.ctl.clock()
+        self.on_poll()
         head = json.dumps(self.head())
         return f'{head[:-1]}, "hosts": {self._roster_json()}}}'.encode()
 
     def state(self) -> dict[str, Any]:
         return self.head() | {"hosts": json.loads(self._roster_json())}
+
+    def history_json(self) -> bytes:
+        """/history.json: the charts' series and the timeline (times on the wall clock).
+
+        Bigger than /state.json and changing with every heartbeat, so it is its own
+        route (the page polls it less often) and, while the run goes on, rendered at
+        most once a second however many pages poll."""
+        ctl = self.ctl
+        rounds = ctl.traffic.rounds if ctl.traffic else None
+        versions = (ctl.board.version, self.timeline.version, rounds.version if rounds else -1)
+        now = ctl.clock()
+        cached = self._history
+        final = ctl.window.phase in ("done", "failed")  # nothing more will change: exact from here
+        if cached is None or (cached[0] != versions and (final or now - cached[1] >= HISTORY_EVERY)):
+            wall = time.time() - now  # the controller's clock -> seconds since the epoch
+            body = {
+                "now": round(now + wall, 1),
+                "ranks": ctl.board.history_json(wall),
+                "rounds": rounds.json() if rounds else None,
+                "timeline": self.timeline.json(wall),
+            }
+            cached = self._history = (versions, now, json.dumps(body).encode())
+        return cached[2]
 
     def metrics(self) -> bytes:
         return exposition(self.state())

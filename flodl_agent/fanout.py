@@ -22,6 +22,7 @@ from .agent import output_lines
 from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
 from .net import ssh_argv
+from .variants import variant_venv
 
 
 class FanoutError(ValueError):
@@ -66,7 +67,9 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
         extra = ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:{join_address(far, port)}"]
         dial_host = "127.0.0.1"
     tag = orphan_tag(f"{ctl_host}:{port}", worker)
-    spec = for_worker(worker, controller_host=dial_host, controller_port=port, key=key.hex())
+    spec = for_worker(
+        worker, controller_host=dial_host, controller_port=port, key=key.hex(), tunnel=bool(extra)
+    )
     argv = worker_ssh(worker, extra)
     argv.append(remote_command(tag, worker.path or cluster.controller.path, worker.arch))
     return Plan(worker.host, argv, encode(spec))
@@ -85,9 +88,23 @@ def worker_ssh(worker: Worker, extra: list[str] | tuple[str, ...] = ()) -> list[
     )
 
 
-# The worker role's home (flodl_worker_home's default), which holds libtorch/<variant>: where
-# a worker with an ``arch`` but no checkout ``path`` finds its variant's venv.
-ROLE_HOME = "/opt/flodl"
+async def ask(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+    """Run one ssh session to its end: (exit code, stdout, stderr). Raises OSError when ssh
+    cannot start, TimeoutError (the session killed) when it does not end within ``timeout``."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, errout = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    return proc.returncode or 0, out, errout
 
 
 def fdl_candidates(path: str | None, arch: str | None = None) -> list[str]:
@@ -105,7 +122,7 @@ def fdl_candidates(path: str | None, arch: str | None = None) -> list[str]:
     """
     candidates = []
     if arch:
-        candidates.append(f"{path or ROLE_HOME}/libtorch/{arch}/bin/fdl")
+        candidates.append(f"{variant_venv(path, arch)}/bin/fdl")
     if path:
         candidates += [f"{path}/venv/bin/fdl", f"{path}/.venv/bin/fdl"]
     return candidates

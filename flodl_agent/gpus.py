@@ -51,6 +51,23 @@ class Card:
 
 
 @dataclass
+class AmdAccess:
+    """What decides whether this user reaches the box's AMD GPUs, read with no ROCm runtime
+    loaded: the KFD topology's GPUs, /dev/kfd and the DRM render nodes (``ok``, ``missing``
+    or why they do not open), the groups involved, and what ROCm userspace is installed."""
+
+    gpus: list[str] = field(default_factory=list)  # the KFD topology's gfx targets; [] for no AMD GPU
+    kfd: str = ""  # /dev/kfd: "ok", "missing" or the open's error ("Permission denied")
+    render: dict[str, str] = field(default_factory=dict)  # renderD128 -> "ok" | why not
+    owners: dict[str, str] = field(default_factory=dict)  # device path -> the group owning it
+    user: str = ""
+    groups: list[str] = field(default_factory=list)  # this process's groups (what access checks)
+    listed: list[str] = field(default_factory=list)  # groups the group database lists the user in
+    runtime: list[str] = field(default_factory=list)  # ROCm userspace found: libamdhip64, rocminfo
+    container: str = ""  # "podman" or "docker" when this runs in a container
+
+
+@dataclass
 class Torch:
     """What the torch build in this environment is (``fdl probe --json`` reports it as is)."""
 
@@ -190,6 +207,69 @@ def kfd_archs(root: Path = KFD_NODES) -> list[str]:
             if node.name.isdigit():
                 nodes[node.name] = (node / "properties").read_text()
     return parse_kfd(nodes)
+
+
+# Where a ROCm userspace runtime lives (relative to the root): AMD's packages, then the distributions'.
+ROCM_LIBS = ("opt/rocm*/lib", "usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib")
+
+
+def _opens(path: Path) -> str:
+    """Whether this process can open ``path`` read-write, as the ROCm runtime does: "ok",
+    "missing", or the error."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    return "ok"
+
+
+def _group(gid: int) -> str:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def rocm_runtime(root: Path = Path("/"), path: str | None = None) -> list[str]:
+    """The ROCm userspace on this box: libamdhip64 where the packages put it, and rocminfo."""
+    found = [str(lib) for pattern in ROCM_LIBS for lib in sorted(root.glob(f"{pattern}/libamdhip64.so*"))]
+    tool = shutil.which("rocminfo", path=path) or next(
+        iter(sorted(root.glob("opt/rocm*/bin/rocminfo"))), None
+    )
+    return found[:1] + ([str(tool)] if tool else [])
+
+
+def amd_access(root: Path = Path("/"), path: str | None = None) -> AmdAccess:
+    """:class:`AmdAccess` under ``root`` (the KFD topology, /dev, the libraries, the container
+    markers); ``path`` is the PATH searched for rocminfo (None: this process's)."""
+    import grp
+    import pwd
+
+    access = AmdAccess(gpus=kfd_archs(root / KFD_NODES.relative_to("/")))
+    if not access.gpus:
+        return access  # no AMD GPU: nothing to reach
+    with contextlib.suppress(KeyError):
+        access.user = pwd.getpwuid(os.getuid()).pw_name
+    access.groups = sorted({_group(g) for g in {os.getgid(), *os.getgroups()}})
+    with contextlib.suppress(OSError):
+        access.listed = sorted(g.gr_name for g in grp.getgrall() if access.user in g.gr_mem)
+    dev = root / "dev"
+    access.kfd = _opens(dev / "kfd")
+    access.render = {node.name: _opens(node) for node in sorted((dev / "dri").glob("renderD*"))}
+    for node in [dev / "kfd", *sorted((dev / "dri").glob("renderD*"))]:
+        with contextlib.suppress(OSError):
+            access.owners[f"/dev/{node.relative_to(dev)}"] = _group(node.stat().st_gid)
+    access.runtime = rocm_runtime(root, path)
+    if (root / "run/.containerenv").exists():
+        access.container = "podman"
+    elif (root / ".dockerenv").exists():
+        access.container = "docker"
+    return access
 
 
 def discover(kfd: Path = KFD_NODES) -> tuple[dict[str, list[str]], dict[str, list[str]]]:

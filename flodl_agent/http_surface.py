@@ -1,4 +1,4 @@
-"""The controller port's HTTP surface: ``/``, ``/state.json``, ``/start``, ``/metrics``.
+"""The controller port's HTTP surface: ``/``, ``/state.json``, ``/history.json``, ``/start``, ``/metrics``.
 
 Requests are parsed by h11, never by hand. ``route`` is the pure part (a request
 in, a ``Response`` out, over whatever ``Routes`` the controller provides);
@@ -45,6 +45,8 @@ class Routes(Protocol):
     """What the controller serves."""
 
     def state_json(self) -> bytes: ...
+
+    def history_json(self) -> bytes: ...
 
     def metrics(self) -> bytes: ...
 
@@ -110,6 +112,7 @@ class HostPolicy:
 ROUTES: dict[str, tuple[str, ...]] = {
     "/": ("GET", "HEAD"),
     "/state.json": ("GET", "HEAD"),
+    "/history.json": ("GET", "HEAD"),
     "/metrics": ("GET", "HEAD"),
     "/start": ("POST",),
 }
@@ -159,6 +162,8 @@ def route(
     head = method == "HEAD"
     if path == "/state.json":
         return Response(200, routes.state_json(), head=head)
+    if path == "/history.json":
+        return Response(200, routes.history_json(), head=head)
     if path == "/start":
         status, payload = routes.request_start(peer, body)
         return Response.json(status, payload)

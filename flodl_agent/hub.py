@@ -14,6 +14,7 @@ what it returns.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,6 +67,7 @@ class _Round:
     weight: float
     bf16: bool
     hosts: set[str] = field(default_factory=set)
+    weights: dict[str, float] = field(default_factory=dict)  # what each host brought (its share)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class Averaged:
     hosts: frozenset[str]
     weight: float
     bf16: bool = False
+    weights: Mapping[str, float] = field(default_factory=dict)  # host -> its weight in the round
 
 
 class Hub:
@@ -123,6 +126,7 @@ class Hub:
         if host in state.hosts:
             raise Mismatch(f"{host} sent round {round_no} twice")
         state.hosts.add(host)
+        state.weights[host] = weight
         if weight > 0:  # a host whose ranks took no step contributes nothing
             state.total += decode(data, bf16)
             state.weight += weight
@@ -160,5 +164,10 @@ class Hub:
             state.total /= np.float32(state.weight)
         self._spare = state.total
         return Averaged(
-            round_no, encode(state.total, state.bf16), frozenset(state.hosts), state.weight, state.bf16
+            round_no,
+            encode(state.total, state.bf16),
+            frozenset(state.hosts),
+            state.weight,
+            state.bf16,
+            state.weights,
         )

@@ -12,6 +12,7 @@ The exchange::
     agent                                   controller
       "FLJ1"                   ──>
                                <──          Challenge {nonce}   (run key, or zeros when open)
+                                            (or wire.RATE_LIMITED, then close: the dial guard said no)
       Hello {nonce echoed, client_nonce, host, devices, …}  ──>
                                <──          Accept {ranks, salt?}  |  Reject {reason, fix, permanent}
       ── both sides rekey: connection_key(run key, server nonce, client nonce) ──
@@ -114,6 +115,13 @@ class Closed:
 
 
 Event = Challenged | HelloReceived | Accepted | Refused | Formed | Aborted | Message | Closed
+
+
+# Read instead of a challenge when the controller's dial guard turns this peer away.
+RATE_LIMITED = Reject(
+    reason="rate-limited by the controller after bad dials (wrong token?)",
+    fix="wait; --persist backs off",
+)
 
 
 class JoinError(Exception):
@@ -290,7 +298,8 @@ class JoinClient(_Side):
         return super().wanted
 
     def next_event(self) -> Event | _NeedData:
-        """Challenged; then Accepted or Refused; then Formed, Aborted and link Messages; Closed at EOF.
+        """Challenged (or Refused: rate-limited); then Accepted or Refused; then Formed, Aborted
+        and link Messages; Closed at EOF.
 
         Raises ``JoinError`` when the controller's side makes no sense, ``wire.Dropped``
         for a frame that does not verify and ``BadMessage`` for a malformed one."""
@@ -312,6 +321,9 @@ class JoinClient(_Side):
 
     def _challenge(self) -> Event | _NeedData:
         pending = self._pending
+        if pending[: len(wire.RATE_LIMITED)] == wire.RATE_LIMITED:
+            self.state = State.REFUSED
+            return Refused(RATE_LIMITED)
         if len(pending) >= wire.HEADER.size:
             length = wire.HEADER.unpack_from(pending)[3]
             if length > wire.PRE_ADMISSION_MAX:

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import NoReturn
@@ -208,6 +209,34 @@ def _sweep(where: Path, variant: str) -> None:
                 shutil.rmtree(stale, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Survey:
+    """What a choice is made over: the root, the venvs read under it, the running venv, the cards."""
+
+    root: Path
+    venvs: list[Venv]
+    running: Venv
+    box: BoxGpus
+
+    def choose(self, wanted: str, sources: Mapping[str, str]) -> Choice:
+        return choose(wanted, self.venvs, self.box, self.running, sources, self.root)
+
+
+def survey(wanted: str = "auto", cpu_offer: bool = False) -> Survey:
+    """Read what ``wanted`` is chosen over: every venv under the root for ``auto`` (and the
+    cards, unless the box offers CPU ranks only), a named variant's own venv alone."""
+    where = root()
+    venvs = installed(where, None if wanted == "auto" else wanted)  # a named variant needs its own venv only
+    prefix = Path(sys.prefix)
+    running = next((v for v in venvs if _same(v.path, prefix)), None)
+    if running is None:
+        # A named variant found installed never looks at the running venv: spare a torch import.
+        running = read_venv(prefix) if wanted == "auto" or not venvs else Venv(prefix.name, prefix, Torch())
+    running = Venv(running.name, running.path, running.torch, fdl=True)
+    box = box_gpus() if wanted == "auto" and not cpu_offer else BoxGpus()
+    return Survey(where, venvs, running, box)
+
+
 def settle(
     wanted: str, sources: Mapping[str, str], log: Callable[[str], None], cpu_offer: bool = False
 ) -> tuple[str, Path] | None:
@@ -215,19 +244,14 @@ def settle(
     ``cpu_offer``: the box offers CPU ranks only, so ``auto`` looks at no card."""
     if os.environ.get(CHOSEN_ENV):
         return None  # the agent this process was exec'd from chose already
-    where = root()
-    venvs = installed(where, None if wanted == "auto" else wanted)  # a named variant needs its own venv only
-    for venv in venvs:
+    found = survey(wanted, cpu_offer)
+    for venv in found.venvs:
         if venv.problem:
             log(f"libtorch: skipping {venv.path}: {venv.problem}")
-    prefix = Path(sys.prefix)
-    running = next((v for v in venvs if _same(v.path, prefix)), None) or read_venv(prefix)
-    running = Venv(running.name, running.path, running.torch, fdl=True)
-    box = box_gpus() if wanted == "auto" and not cpu_offer else BoxGpus()
-    choice: Choice = choose(wanted, venvs, box, running, sources, where)
+    choice = found.choose(wanted, sources)
     log(f"libtorch {wanted}: {choice.reason}")
-    path = choice.venv or acquire(choice.variant, where, source_for(choice.variant, sources), log)
-    return None if _same(path, prefix) else (choice.variant, path)
+    path = choice.venv or acquire(choice.variant, found.root, source_for(choice.variant, sources), log)
+    return None if _same(path, Path(sys.prefix)) else (choice.variant, path)
 
 
 def _same(a: Path, b: Path) -> bool:

@@ -27,7 +27,12 @@ from .tls import server_context
 
 
 class BindError(Exception):
-    """The controller port cannot be opened (in use, or not an address of this host)."""
+    """The controller port cannot be opened (in use, or not an address of this host);
+    ``errno`` says which (None for a certificate that does not load)."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ class Listener:
             )
         except OSError as exc:
             raise BindError(
-                f"cannot open the join window on {self.bind}:{self.port}: {exc.strerror}"
+                f"cannot open the join window on {self.bind}:{self.port}: {exc.strerror}", exc.errno
             ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
@@ -154,7 +159,8 @@ class Listener:
         # Loopback is exempt from the gate: under tunnels every walk-in arrives from
         # 127.0.0.1, and one bad tunnel must not lock the others out.
         counted = not is_loopback(peer)
-        opened = self.gate.open(peer, counted, self.clock())
+        now = self.clock()
+        opened = self.gate.open(peer, counted, now)
         unsettled = opened and counted
         if self.tls is None:
             self.cleartext(peer)
@@ -168,6 +174,8 @@ class Listener:
         try:
             if opened:
                 await self._channel(reader, writer, peer, settle)
+            elif not self.gate.guard.allow(peer, now):
+                writer.write(wire.RATE_LIMITED)  # the dialler learns why; close() below sends it
         except wire.Dropped as exc:
             self.bad(peer, exc.cause)
         except TimeoutError:

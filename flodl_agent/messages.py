@@ -7,6 +7,7 @@ crashing a handler.
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -40,6 +41,8 @@ Short = Annotated[str, Field(max_length=256), AfterValidator(_printable)]
 HostName = Annotated[str, AfterValidator(_host_name)]  # the one host-name rule (names.py)
 Sig = Annotated[str, Field(max_length=128, pattern=r"^[0-9a-f]*$")]
 Plane = Literal["nccl", "cpu"]
+COMMAND_SHOWN = 1024  # characters of a walk-in's own command that its hello shows the controller
+Shown = Annotated[str, Field(max_length=COMMAND_SHOWN), AfterValidator(_printable)]
 
 
 class Msg(BaseModel):
@@ -66,10 +69,29 @@ class Hello(Msg):
     run_id: Sig = ""  # the published run this box fetched and built (32 hex), "" when none
     nccl: Short = ""  # "2.27.3", empty when the variant ships none
     data_path: Short = ""
+    # What its ranks run when that is not the launch's command ("": the launch's), for the
+    # controller's log and /state.json only: shown_command() makes it fit, it is never run.
+    command: Shown = ""
+    tunnel: bool = False  # it dials through an ssh forward (--ssh, a tunnel: worker): CPU planes only
 
     @property
     def vendor(self) -> str:
         return vendor_of(self.variant)
+
+    @property
+    def runs(self) -> str:
+        """What its ranks run, as the controller's log says it."""
+        if not self.command:
+            return "the launch command"
+        return f"{f'published run {self.run_id}' if self.run_id else 'its own command'}: {self.command}"
+
+
+def shown_command(argv: list[str]) -> str:
+    """``argv`` as a shell would read it, made fit for a hello's ``command``: what a terminal
+    would act on (``names.unprintable``'s rule) becomes ``?`` and a long line is cut (the tail
+    marked with ``…``)."""
+    text = "".join(c if c.isprintable() else "?" for c in shlex.join(argv))
+    return text if len(text) <= COMMAND_SHOWN else text[: COMMAND_SHOWN - 1] + "…"
 
 
 def vendor_of(variant: str) -> str:
@@ -113,7 +135,7 @@ class WorldFormed(Msg):
     host: HostEnvelope
     group: int  # this host's index among the hosts (GROUP_RANK)
     hosts: int  # how many hosts the world spans (GROUP_WORLD_SIZE)
-    command: list[str]  # the launch's command: a published manifest or a walk-in's --bin may override it
+    command: list[str]  # the launch's command: a published manifest or a walk-in's own command wins
     env: dict[str, str] = Field(default_factory=dict)
     launch: Short = ""  # the launch's label (TORCHELASTIC_RUN_ID); not the published run's identity
 
@@ -166,6 +188,7 @@ class RankReport(Msg):
     step: int = Field(ge=0, lt=2**62)
     loss: float | None = None
     at: float = 0.0
+    step_rate: float | None = Field(None, ge=0)  # the rank's own, over its recent reports
 
 
 class Heartbeat(Msg):

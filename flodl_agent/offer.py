@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .config.devices import DeviceOffer
-from .gpus import Card, Torch
+from .gpus import AmdAccess, Card, Torch
 from .retry import Permanent
 
 
@@ -75,6 +75,56 @@ def kernel_gap(build: str, flags: list[str], devices: Sequence[Card]) -> Gap | N
     )
 
 
+ROCM_INSTALL = (
+    "install the ROCm runtime (amdgpu-install --usecase=rocm, or apt-get install rocm-hip-runtime "
+    "from repo.radeon.com), or run a torch ROCm build, which bundles it (libtorch: auto)"
+)
+CONTAINER_DEVICES = "--device /dev/kfd --device /dev/dri --group-add video --group-add render"
+
+
+def amd_gaps(access: AmdAccess, torch_hip: bool = False) -> list[Gap]:
+    """Why this box's AMD GPUs are out of this user's reach, each with its fix: the two
+    first-contact causes on a fresh box, no ROCm userspace runtime, and /dev/kfd or the
+    render node not openable (membership, then a re-login; in a container, the devices)."""
+    if not access.gpus:
+        return []
+    cards = f"{len(access.gpus)} AMD GPU(s) ({', '.join(access.gpus)})"
+    gaps = []
+    if not access.runtime and not torch_hip:
+        gaps.append(
+            Gap(
+                f"this box has {cards} but no ROCm userspace runtime (no libamdhip64, no rocminfo, "
+                "and torch is not a ROCm build)",
+                ROCM_INSTALL,
+            )
+        )
+    nodes = {"/dev/kfd": access.kfd} | {f"/dev/dri/{n}": why for n, why in access.render.items()}
+    if not access.render:
+        nodes["/dev/dri/renderD*"] = "missing"
+    blocked = {node: why for node, why in nodes.items() if why != "ok"}
+    if not blocked:
+        return gaps
+    user = access.user or "this user"
+    what = ", ".join(f"{node} ({why})" for node, why in blocked.items())
+    message = f"the GPU devices are not openable by {user} (groups {', '.join(access.groups)}): {what}"
+    if access.container:
+        fix = (
+            f"this runs in a {access.container} container: pass the devices and groups ({CONTAINER_DEVICES})"
+        )
+    elif all(why == "missing" for why in blocked.values()):
+        fix = "the device nodes are missing: check that the amdgpu driver is loaded (dmesg | grep -i amdgpu)"
+    else:
+        fix = (
+            f"sudo usermod -aG render,video {access.user or '$USER'}, then log in again "
+            "(a service user: restart its unit, e.g. flodl-join.service)"
+        )
+        stale = sorted({access.owners.get(n, "") for n in blocked} & set(access.listed) - set(access.groups))
+        if stale:
+            message += f"; {user} is in {', '.join(stale)}, but this session started before that"
+    gaps.append(Gap(message, fix))
+    return gaps
+
+
 def variant(torch: Torch) -> str:
     """The torch variant this build is (cu126, rocm6.4), as the hello names it."""
     if torch.hip:
@@ -83,9 +133,12 @@ def variant(torch: Torch) -> str:
     return f"cu{torch.cuda.replace('.', '')}"
 
 
-def resolve_offer(offer: DeviceOffer, torch: Torch | None = None, cards: Sequence[Card] = ()) -> Offer:
+def resolve_offer(
+    offer: DeviceOffer, torch: Torch | None = None, cards: Sequence[Card] = (), amd: AmdAccess | None = None
+) -> Offer:
     """What this box actually offers: CPU ranks as asked, or the offered GPUs among ``cards``
-    (the ``torch.usable_gpus`` cards torch can use). ``torch`` None: torch is not installed."""
+    (the ``torch.usable_gpus`` cards torch can use). ``torch`` None: torch is not installed;
+    ``amd`` says why AMD GPUs torch cannot see are out of reach."""
     if offer.kind == "cpu":
         return Offer([f"cpu:{i}" for i in range(offer.cpus)], ["cpu"] * offer.cpus, "cpu")
     if torch is None or not torch.version:
@@ -94,6 +147,11 @@ def resolve_offer(offer: DeviceOffer, torch: Torch | None = None, cards: Sequenc
             "install a torch variant, or offer CPU ranks with --devices cpu:N",
         )
     count = torch.usable_gpus
+    gaps = amd_gaps(amd, bool(torch.hip)) if count == 0 and amd is not None else []
+    if gaps:
+        raise Permanent(
+            "no usable GPU: " + "; and ".join(g.message for g in gaps), "; ".join(g.fix for g in gaps)
+        )
     if count == 0:
         raise Permanent(
             "no usable GPU on this box",

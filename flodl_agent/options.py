@@ -18,11 +18,12 @@ from pydantic_core import PydanticCustomError
 
 from .address import AddressError, join_address, local_address, split_address
 from .agent_spec import AgentSpec
-from .config import DeviceOffer, Join, Publish, Ssh, parse_devices
+from .config import Controller, DeviceOffer, Join, Publish, Ssh, parse_devices
 from .config.models import Source
 from .names import name_problem, shown
 from .pin import normalize
 from .sources import SourceSpec, SpecError, parse_source
+from .variants import variant_venv
 
 DEFAULT_ADDR = "127.0.0.1:1337"  # where `fdl status` looks with no --addr and no cluster file
 TUNNEL_ADDR = "127.0.0.1:1337"  # the controller's end of an ssh forward, as seen from this box
@@ -69,6 +70,7 @@ class JoinFlags:
     persist: bool | None = None
     bin: str | None = None
     args: tuple[str, ...] = ()
+    docker: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class JoinSettings:
     devices: DeviceOffer
     bin: str | None
     ssh: Ssh | None
+    tunnel: bool  # through an ssh forward: --ssh / join.ssh, or the launcher's ssh -R
     data_path: str
     env: dict[str, str]
     socket_ifname: str
@@ -91,6 +94,8 @@ class JoinSettings:
     tls_fingerprint: str
     persist: bool
     notes: tuple[str, ...] = ()
+    gpu_ram_share: float | None = None
+    docker: str = ""  # the compose service the ranks run in ("": on the box itself)
 
 
 def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
@@ -155,9 +160,20 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         if flags.devices is not None:
             raise OptionError("--devices", f"{exc}" + (f"; {hint}" if hint else "")) from None
         raise OptionError("--devices", f"the launcher's devices: {exc}", hint, kind="refusal") from None
+    entry, args = flags.bin or block.bin, list(flags.args) or list(block.args)
     notes = []
-    if flags.args and list(flags.args) != block.args and block.source is None:
-        notes.append("note: the run's arguments come from the controller; local arguments are ignored")
+    if block.source is not None and flags.bin:
+        notes.append("note: join.source names what runs (its manifest, or source.bin); --bin is ignored")
+    elif args and not entry and block.source is None:
+        # Arguments for which entry point? Guessing (the launch command's first word?) runs the
+        # wrong thing on a `python3 train.py` launch; the walk-in says what it means instead.
+        raise OptionError(
+            "ARGS",
+            "arguments after -- go to this box's own entry point, and none is named",
+            "name it with --bin PATH (or join.bin in fdl.yml), or drop the arguments to run the "
+            "launch command",
+            kind="refusal",
+        )
     try:
         host, port = split_address(addr)
     except AddressError as exc:
@@ -169,23 +185,31 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         pin = normalize(flags.pin) if flags.pin else None
     except ValueError as exc:
         raise OptionError("--tls-fingerprint", str(exc)) from None
+    try:
+        docker = Join.model_validate({"docker": flags.docker}).docker if flags.docker else None
+    except ValidationError as exc:
+        raise OptionError("--docker", first_error(exc)) from None
     return JoinSettings(
         controller_host=host,
         controller_port=port,
         key=bytes.fromhex(key_hex) if key_hex else None,
         host=_host(flags.host, spec.host, block.host, hostname),
         devices=offer,
-        bin=flags.bin or block.bin,
+        bin=entry,
         ssh=ssh,
+        tunnel=ssh is not None or spec.tunnel,
         data_path=spec.data_path or block.data_path or "",
         env={**block.env, **spec.env},
         socket_ifname=spec.socket_ifname or block.nccl_socket_ifname or "",
         source=block.source,
         data_source=block.data_source or "",
-        args=list(flags.args) or list(block.args),
+        args=args,
         tls_fingerprint=pin or block.tls_fingerprint or "",
         persist=block.persist if flags.persist is None else flags.persist,
         notes=tuple(notes),
+        # The box's own join block beats its cluster entry (a later road knows the box better).
+        gpu_ram_share=block.gpu_ram_share if block.gpu_ram_share is not None else spec.gpu_ram_share,
+        docker=docker or spec.docker or block.docker or "",
     )
 
 
@@ -246,10 +270,23 @@ class PublishSettings:
     no_build: bool
     model_probe: bool
     identity: Path | None
+    gate_docker: str | None = None  # cluster.controller.docker: the compose service the gate builds in
+    gate_venv: str | None = None  # cluster.controller.arch: <path>/libtorch/<arch>, the gate's variant
 
 
-def resolve_publish(flags: PublishFlags, block: Publish) -> PublishSettings:
-    """Flags > the publish: block > defaults, field by field."""
+def resolve_publish(
+    flags: PublishFlags, block: Publish, controller: Controller | None = None
+) -> PublishSettings:
+    """Flags > the publish: block > defaults, field by field; the cluster file's ``controller``
+    says where the gate builds (its ``docker`` service, or with its ``arch`` variant)."""
+    if controller is not None and controller.docker and controller.arch:
+        raise OptionError(
+            "--cluster",
+            "cluster.controller sets both docker and arch: the gate builds in a compose service "
+            "(whose image brings its own torch) or with a variant venv of this box, not both",
+            "keep docker (build in the service) or arch (build with <path>/libtorch/<arch>)",
+            kind="refusal",
+        )
     text = flags.spec or block.source
     if text is None:
         raise OptionError("SPEC", "name a source: SPEC, or publish.source in fdl.yml", kind="usage")
@@ -268,6 +305,8 @@ def resolve_publish(flags: PublishFlags, block: Publish) -> PublishSettings:
         no_build=flags.no_build,
         model_probe=block.model_probe if flags.model_probe is None else flags.model_probe,
         identity=key,
+        gate_docker=controller.docker if controller is not None else None,
+        gate_venv=variant_venv(controller.path, controller.arch) if controller and controller.arch else None,
     )
 
 

@@ -242,6 +242,7 @@ def mount_data(
         options=ssh.options,
         extra=["-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10"],
     )
+    said: subprocess.CompletedProcess[str] | None = None
     try:
         said = subprocess.run(
             [*ask, "-s", "sftp"],
@@ -270,6 +271,24 @@ def mount_data(
             f"mounting {data_source}: this box cannot mount FUSE filesystems ({last})",
             "apt-get install sshfs fuse3, and give containers /dev/fuse",
             PERMANENT,
+        )
+    if said is not None and said.returncode not in (0, 255):
+        # The key got in and its forced command ran instead of sftp: a forced command covers
+        # subsystem requests too, so a tunnel-only (nologin) key refuses every mount.
+        words = " / ".join((said.stdout + said.stderr).strip().splitlines()[-2:])
+        raise PrepareFailure(
+            f"mounting {data_source}: permission denied: this box's key opens the door for the tunnel "
+            f"only (its forced command ran instead of sftp: {words or f'exit {said.returncode}'})",
+            'mount through door A: the data account holds the key as restrict,command="internal-sftp -R" '
+            "<key> (flodl_controller_data_door_enabled); or mount the data during provisioning and "
+            "declare a bare join.data_path",
+            PERMANENT,
+        )
+    if "Could not resolve hostname" in text:
+        raise PrepareFailure(
+            f"mounting {data_source}: the door's name {spec.host} does not resolve ({last})",
+            "check the host in join.data_source, or name the door by its IP; DNS may come back, "
+            "so --persist re-dials",
         )
     raise PrepareFailure(
         f"mounting {data_source} failed: {last}", "re-dials on its own; is the door reachable?"

@@ -12,34 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import re
 import shutil
 import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from .address import join_address, split_address
 from .config.models import Cluster, Join
-from .gpus import Card, Torch, discover, read_torch
-from .net import DEAD_MOUNT, socket_ifnames
-from .offer import kernel_gap
+from .data_root import CONVENTION, data_facts, data_findings
+from .findings import Finding as Finding  # re-exported: callers still name it probe.Finding
+from .gpus import AmdAccess, Card, Torch, amd_access, discover, read_torch
+from .net import socket_ifnames
+from .offer import amd_gaps, kernel_gap
 from .retry import AgentFailure
 from .status import Unreachable, request
 from .tunnel import Tunnel
 
-Level = Literal["ok", "warn", "fail"]
 LOW_DISK = 2 * 1024**3  # bytes free below which the cache is called nearly full
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    level: Level
-    message: str
-    fix: str = ""
 
 
 @dataclass
@@ -50,11 +42,12 @@ class Facts:
     )  # vendor -> names, from nvidia-smi / rocm-smi / KFD
     archs: dict[str, list[str]] = field(default_factory=dict)  # vendor -> each GPU's arch, in the same order
     interfaces: list[str] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)  # path, exists, readable, error
+    data: dict[str, Any] = field(default_factory=dict)  # data_root.data_facts: the root and its signature
     cache: dict[str, Any] = field(default_factory=dict)  # path, writable, free, fstype
     controller: dict[str, Any] = field(default_factory=dict)  # addr, phase or error
     port: dict[str, Any] = field(default_factory=dict)  # controller side: port, free, answered
     tools: dict[str, bool] = field(default_factory=dict)  # walk-in tooling on PATH (and /dev/fuse)
+    amd: AmdAccess = field(default_factory=AmdAccess)  # /dev/kfd, render nodes, groups, ROCm runtime
 
 
 # --- the pure part --------------------------------------------------------------
@@ -62,10 +55,12 @@ class Facts:
 
 def check(facts: Facts, join: Join | None = None, cluster: Cluster | None = None) -> list[Finding]:
     controller_only = join is None and cluster is not None
-    found = [*_torch(facts, controller_only), *_gpus(facts, join)]
+    found = [*_torch(facts, controller_only), *_gpus(facts, join), *data_findings(facts.data)]
+    if facts.torch.usable_gpus == 0:  # the agent's gate words the same causes the same way
+        gaps = amd_gaps(facts.amd, bool(facts.torch.hip))
+        found += [Finding("amd", "fail", f"no usable GPU: {g.message}", g.fix) for g in gaps]
     if join is not None:
         found += _ifname(join.nccl_socket_ifname or "", facts.interfaces, "join.nccl_socket_ifname")
-        found += _data(facts)
         found += _tooling(join, facts)
         found += _cache(facts)
         found += _controller(facts)
@@ -256,41 +251,6 @@ def _ifname(value: str, interfaces: list[str], where: str) -> list[Finding]:
     return [Finding("ifname", "ok", f"NCCL_SOCKET_IFNAME={value}, GLOO_SOCKET_IFNAME={gloo}")]
 
 
-def _data(facts: Facts) -> list[Finding]:
-    d = facts.data
-    if not d.get("path"):
-        return []
-    path = d["path"]
-    if d.get("error") == "not connected":
-        return [
-            Finding(
-                "data",
-                "fail",
-                f"the data mount at {path} is not connected (its sshfs died)",
-                "restart the mount (flodl-join.service does before each dial), or remount it by hand",
-            )
-        ]
-    if not d.get("exists"):
-        return [
-            Finding(
-                "data",
-                "fail",
-                f"data_path {path} does not exist on this box",
-                "mount the data root there (flodl_worker_data_mount), or fix join.data_path",
-            )
-        ]
-    if not d.get("readable"):
-        return [
-            Finding(
-                "data",
-                "fail",
-                f"data_path {path} is not readable by {d.get('user', 'this user')} ({d.get('error', '')})",
-                "a door A mount needs allow_other; a local root needs read permission for the service user",
-            )
-        ]
-    return [Finding("data", "ok", f"data_path {path} readable ({d.get('entries', 0)} entries)")]
-
-
 def _cache(facts: Facts) -> list[Finding]:
     return dir_findings(facts.cache) if facts.cache else []
 
@@ -367,21 +327,24 @@ def _cluster(cluster: Cluster, facts: Facts) -> list[Finding]:
 # --- the IO shell ---------------------------------------------------------------
 
 
-def gather(join: Join | None, cluster: Cluster | None, dial: bool = True) -> Facts:
+def gather(
+    join: Join | None, cluster: Cluster | None, dial: bool = True, convention: Path = CONVENTION
+) -> Facts:
+    """``convention``: the data root checked when no data_path is declared."""
     gpus, archs = discover()
-    facts = Facts(torch=read_torch(), gpus=gpus, archs=archs, interfaces=_interfaces())
+    facts = Facts(torch=read_torch(), gpus=gpus, archs=archs, interfaces=_interfaces(), amd=amd_access())
     if join is not None:
         facts.tools = {
             tool: (Path("/dev/fuse").exists() if tool == "fuse" else shutil.which(tool) is not None)
             for tool in needed_tools(join)
         }
-        if join.data_path:
-            facts.data = _data_facts(join.data_path)
         facts.cache = dir_facts(Path.home() / ".flodl" / "data")
         if dial and join.ssh is not None:
             facts.controller = asyncio.run(_dial_through(join))
         elif dial and join.controller:
             facts.controller = _dial(join.controller, join.tls_fingerprint)
+    if join is not None or cluster is None:  # a walk-in's box (a controller reads no data)
+        facts.data = data_facts(join.data_path if join is not None else None, convention)
     if cluster is not None:
         facts.port = _port_facts(cluster.controller.host, cluster.controller.port)
     return facts
@@ -392,19 +355,6 @@ def _interfaces() -> list[str]:
         return sorted(p.name for p in Path("/sys/class/net").iterdir())
     except OSError:
         return []
-
-
-def _data_facts(path: str) -> dict[str, Any]:
-    facts: dict[str, Any] = {"path": path, "user": _user()}
-    try:
-        entries = list(Path(path).iterdir())
-    except OSError as exc:
-        facts["exists"] = exc.errno != errno.ENOENT
-        facts["readable"] = False
-        facts["error"] = "not connected" if exc.errno in DEAD_MOUNT else exc.strerror
-        return facts
-    facts.update(exists=True, readable=True, entries=len(entries))
-    return facts
 
 
 def dir_facts(path: Path) -> dict[str, Any]:
@@ -465,14 +415,6 @@ def _port_facts(host: str, port: int) -> dict[str, Any]:
         except OSError:
             return {"port": port, "free": False, "answered": False}
     return {"port": port, "free": True, "answered": False}
-
-
-def _user() -> str:
-    with contextlib.suppress(Exception):
-        import pwd
-
-        return pwd.getpwuid(os.getuid()).pw_name
-    return str(os.getuid())
 
 
 def as_json_payload(facts: Facts, findings: list[Finding]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .containers import ComposeError, run_in_service
 from .errors import Failure
 from .net import ssh_argv
 from .signature import ProbeFailed, probe_model
@@ -154,6 +155,8 @@ class PublishRequest:
     model_probe: bool = False  # probe the entry's model here; every box then probes before it dials
     identity: str | None = None  # ssh key for rsync:// and git+ssh://
     ssh_options: tuple[str, ...] = ()  # extra `-o` options for ssh (the user's ssh config applies too)
+    gate_docker: str | None = None  # cluster.controller.docker: the gate builds in this compose service
+    gate_venv: str | None = None  # cluster.controller.arch's venv: the gate builds with that variant
 
 
 @dataclass(frozen=True)
@@ -292,19 +295,21 @@ class Build:
         )
 
 
-def run_build(line: str, workdir: Path, env: dict[str, str] | None = None) -> Build:
-    """Run a build line with this interpreter's venv first on PATH (the variant that runs the ranks)."""
-    full = dict(os.environ) | {"PATH": rank_path()} | (env or {})
+def run_build(line: str, workdir: Path, env: dict[str, str] | None = None, path: str | None = None) -> Build:
+    """Run a build line with this interpreter's venv (or ``path``) first on PATH (the variant
+    that runs the ranks)."""
+    full = dict(os.environ) | {"PATH": path or rank_path()} | (env or {})
     proc = subprocess.run(
         ["sh", "-c", line], cwd=workdir, env=full, capture_output=True, text=True, check=False
     )
     return Build(line, proc.returncode, (proc.stdout + proc.stderr).strip())
 
 
-def entry_command(entry: Path, args: list[str]) -> list[str]:
+def entry_command(entry: str | Path, args: list[str], python: str = sys.executable) -> list[str]:
     """How a box runs an entry point: a Python script that is not executable runs under
-    this interpreter (the variant's venv)."""
-    runner = [sys.executable] if entry.suffix == ".py" and not os.access(entry, os.X_OK) else []
+    this interpreter (the variant's venv), or ``python``. A string stays as written
+    (`./train` is not `train`, which PATH would look up)."""
+    runner = [python] if Path(entry).suffix == ".py" and not os.access(entry, os.X_OK) else []
     return [*runner, str(entry), *args]
 
 
@@ -315,18 +320,65 @@ def rank_path() -> str:
 
 # The controller's own environment builds and probes: its venv, the CPU variant.
 _GATE_ENV = {"FDL_TORCH_VARIANT": "cpu"}
+DOCKER_FIELD, ARCH_FIELD = "cluster.controller.docker", "cluster.controller.arch"
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where the gate builds and probes: PATH, python and environment (and the service)."""
+
+    path: str
+    python: str
+    env: dict[str, str]
+    service: str | None = None
+
+    def build(self, line: str, workdir: Path, gate: Path) -> Build:
+        if self.service is None:
+            return run_build(line, workdir, self.env, self.path)
+        code, output = _in_service(self.service, ["sh", "-c", line], workdir, (gate,), self.env)
+        return Build(line, code, output)
+
+
+def _in_service(
+    service: str, command: list[str], workdir: Path, mounts: tuple[Path, ...], env: dict[str, str],
+    timeout: float | None = None,
+) -> tuple[int, str]:  # fmt: skip
+    try:
+        return run_in_service(service, command, workdir, mounts, env, DOCKER_FIELD, timeout)
+    except ComposeError as exc:
+        raise PublishError(f"{exc.message}; nothing was published", exc.fix) from None
+
+
+def _where(request: PublishRequest) -> _Where:
+    if request.gate_docker:  # the service's image brings its own torch and python
+        return _Where("", "python3", {}, request.gate_docker)
+    if request.gate_venv:
+        bin_dir = Path(request.gate_venv) / "bin"
+        if not os.access(bin_dir / "python", os.X_OK):
+            raise PublishError(
+                f"{ARCH_FIELD}: no variant venv at {request.gate_venv} ({bin_dir / 'python'} is not there)",
+                "install the variant there (python3 -m venv, then its torch), point cluster.controller.path "
+                "at the root that holds libtorch/<arch>, or drop arch to build with this venv",
+            )
+        env = {"FDL_TORCH_VARIANT": Path(request.gate_venv).name}
+        return _Where(
+            os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]), str(bin_dir / "python"), env
+        )
+    return _Where(rank_path(), sys.executable, _GATE_ENV)
 
 
 def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tuple[str, str | None]:
     """Build (and probe) once in a scratch copy of the tree; the build's output and the signature."""
+    where = _where(request)
     gate = request.served / GATE
     gate.mkdir(parents=True, exist_ok=True)
     _mirror(str(tree), gate)
     workdir = gate / request.cwd
     output = ""
     if request.build is not None and not request.no_build:
-        log(f"gate: {request.build}  (in {workdir})")
-        build = run_build(request.build, workdir, _GATE_ENV)
+        place = f"in the {where.service} service, " if where.service else ""
+        log(f"gate: {request.build}  ({place}in {workdir})")
+        build = where.build(request.build, workdir, gate)
         if build.returncode != 0:
             raise PublishError(
                 build.failure(f" in {request.cwd}"), "fix the build and publish again; nothing was published"
@@ -342,11 +394,23 @@ def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tu
         return output, None
     if not request.bin:
         raise PublishError("--model-probe needs the entry point", "name it with --bin (or publish.bin)")
-    command = entry_command(workdir / request.bin, request.args)
+    command = entry_command(workdir / request.bin, request.args, where.python)
     log(f"model probe: {shlex.join(command)}")
-    env = dict(os.environ) | _GATE_ENV | {"PATH": rank_path()}
     try:
-        sig = probe_model(command, workdir, env)
+        if where.service is None:
+            sig = probe_model(command, workdir, dict(os.environ) | where.env | {"PATH": where.path})
+        else:
+            service = where.service
+
+            def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+                try:
+                    return _in_service(service, argv, cwd, (gate,), env, timeout)
+                except TimeoutError:
+                    raise ProbeFailed(
+                        f"the entry did not answer the model probe within {timeout:.0f}s"
+                    ) from None
+
+            sig = probe_model(command, workdir, where.env, run=run, scratch=gate)
     except ProbeFailed as exc:
         raise PublishError(
             f"{exc}; nothing was published",

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .device_memory import SHARE_ENV
 from .messages import WorldFormed
 from .metrics import ENV as METRICS_ENV
 
@@ -23,6 +24,7 @@ class Box:
     data_path: str = ""
     env: Mapping[str, str] = field(default_factory=dict)  # the box's own env: entries (they win)
     ifnames: Mapping[str, str] = field(default_factory=dict)  # socket_ifnames() against this box
+    gpu_ram_share: float | None = None  # join.gpu_ram_share: beats what the envelope says of this host
 
 
 def box_env(box: Box) -> dict[str, str]:
@@ -52,6 +54,7 @@ def rank_envs(
     ``plane`` the CPU plane's variables; ``reports`` each rank's progress file.
     """
     mine, group = world.host, world.group
+    share = box.gpu_ram_share if box.gpu_ram_share is not None else mine.gpu_ram_share
     envs = []
     for local, device in enumerate(devices):
         # The rank is the user's code: it gets no credential and none of our plumbing.
@@ -76,6 +79,8 @@ def rank_envs(
             FLODL_DEVICE=device,
             FLODL_LAUNCH=world.launch,  # this launch's label (not the published run's identity)
         )
+        if share is not None:  # the Trainer's gpu_ram_share when code leaves it unset
+            env[SHARE_ENV] = str(share)
         for key, value in box.ifnames.items():
             env.setdefault(key, value)  # an explicit env: entry wins
         if mine.count > 1:  # torchrun's default: ranks sharing a box must not oversubscribe it

@@ -30,7 +30,17 @@ class RankRange:
         return range(self.start, self.stop)
 
     def __str__(self) -> str:
-        return f"[{self.start}..{self.stop})"
+        return rank_span(self.ranks)
+
+
+def rank_span(ranks: range, noun: bool = False) -> str:
+    """Ranks as people count them, both ends included: ``0\u20131``, ``3`` for one, ``none``
+    for none; with ``noun``, ``ranks 0\u20131``, ``rank 3``, ``no ranks`` (for log lines)."""
+    if not ranks:
+        return "no ranks" if noun else "none"
+    if len(ranks) == 1:
+        return f"rank {ranks.start}" if noun else str(ranks.start)
+    return f"{'ranks ' if noun else ''}{ranks.start}\u2013{ranks[-1]}"
 
 
 class CapacityUnknown(ValueError):

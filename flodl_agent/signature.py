@@ -28,6 +28,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,51 +87,64 @@ def probe_key(command: list[str], cwd: Path) -> str:
     return hashlib.sha256(json.dumps([command, str(cwd), stamps]).encode()).hexdigest()
 
 
+Runner = Callable[[list[str], Path, dict[str, str], float], tuple[int, str]]
+
+
+def run_here(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run a probe on this box: its exit code and output (raises ProbeFailed when it cannot
+    start or does not end in time)."""
+    try:
+        proc = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the whole group goes if it hangs
+        )
+    except OSError as exc:
+        raise ProbeFailed(f"cannot run {command[0]}: {exc.strerror}") from None
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise ProbeFailed(f"the entry did not answer the model probe within {timeout:.0f}s") from None
+    return proc.returncode, output.decode(errors="replace")
+
+
 def probe_model(
     command: list[str],
     cwd: Path,
     env: dict[str, str],
     cache: Path | None = None,
     timeout: float = PROBE_TIMEOUT,
+    run: Runner = run_here,
+    scratch: Path | None = None,
 ) -> str:
     """The signature of the model ``command`` builds, by running it as a probe (cached).
 
     The model is built on the CPU (``CUDA_VISIBLE_DEVICES`` empty): a probe claims no
     GPU, and the signature holds names, shapes and dtypes, never the device.
     Raises ProbeFailed when the entry exits, fails or hangs without answering.
+    ``run`` runs it (elsewhere: a compose service, which must see ``scratch``, where the
+    answer is written).
     """
     key = probe_key(command, cwd)
     cached = _read_cache(cache)
     if isinstance(cached.get(key), str):
         return str(cached[key])
-    with tempfile.TemporaryDirectory(prefix="flodl-probe-") as scratch:
-        answer = Path(scratch) / "signature"
+    with tempfile.TemporaryDirectory(prefix="flodl-probe-", dir=scratch) as where:
+        answer = Path(where) / "signature"
         child_env = {k: v for k, v in env.items() if k not in _NOT_FOR_PROBES}
         child_env.update({PROBE_ENV: str(answer), "CUDA_VISIBLE_DEVICES": "", "FLODL_DEVICE": "cpu"})
-        try:
-            proc = subprocess.Popen(
-                command,
-                cwd=cwd,
-                env=child_env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # the whole group goes if it hangs
-            )
-        except OSError as exc:
-            raise ProbeFailed(f"cannot run {command[0]}: {exc.strerror}") from None
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise ProbeFailed(f"the entry did not answer the model probe within {timeout:.0f}s") from None
+        code, output = run(command, cwd, child_env, timeout)
         if not answer.is_file():
-            tail = " / ".join(output.decode(errors="replace").strip().splitlines()[-3:])
+            tail = " / ".join(output.strip().splitlines()[-3:])
             raise ProbeFailed(
-                f"the entry exited {proc.returncode} without answering the model probe"
-                + (f" ({tail})" if tail else "")
+                f"the entry exited {code} without answering the model probe" + (f" ({tail})" if tail else "")
             )
         sig = answer.read_text().strip()
     if cache is not None:

@@ -19,9 +19,11 @@ from urllib.parse import urlencode
 from rich.table import Table
 from rich.text import Text
 
+from . import wire
 from .address import join_address, split_address
 from .names import printable
 from .pin import PinMismatch, check_pin
+from .ranks import rank_span
 from .tls import client_context
 
 PHASE_STYLE = {
@@ -79,6 +81,10 @@ def request(
     except PinMismatch as exc:
         raise Unreachable(exc.render()) from None
     except (OSError, http.client.HTTPException) as exc:
+        if isinstance(exc, http.client.BadStatusLine) and str(exc).encode() == wire.RATE_LIMITED:
+            raise Unreachable(
+                f"the controller at {addr} rate-limits this address after bad requests (a wrong token?): wait"
+            ) from None
         raise Unreachable(f"no controller answers at {addr} ({exc})") from None
     finally:
         conn.close()
@@ -114,9 +120,8 @@ def _hosts(state: dict[str, Any]) -> list[dict[str, Any]]:
     return [h for h in hosts if isinstance(h, dict)] if isinstance(hosts, list) else []
 
 
-def _ranks(ranks: Any) -> str:
-    ok = isinstance(ranks, list) and len(ranks) == 2
-    return f"[{peer(ranks[0])}..{peer(ranks[1])})" if ok else "-"
+def _row(*cells: str) -> list[Text]:
+    return [Text(peer(cell)) for cell in cells]  # Text: a peer's `[red]` is not markup
 
 
 def group_devices(labels: Any) -> str:
@@ -135,36 +140,113 @@ def one_line(state: dict[str, Any]) -> str:
     )
 
 
-def render(state: dict[str, Any]) -> list[Text | Table]:
-    phase = peer(state.get("phase", "?"))
+RANK_ROWS = 64  # the terminal's ranks table; the rest are in --json and on the page
+
+
+def _age(seconds: Any) -> str:
+    return f"{_clock(seconds)} ago" if isinstance(seconds, (int, float)) else "-"
+
+
+def _map(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: Any, digits: str) -> str:
+    return format(value, digits) if isinstance(value, (int, float)) else "-"
+
+
+def _seconds(value: Any) -> str:
+    """A duration as people read it: 0.5 ms, 42.1 ms, 1.25 s."""
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{value * 1000:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
+def _span(ranks: Any) -> str:
+    ok = isinstance(ranks, list) and len(ranks) == 2 and all(type(r) is int for r in ranks)
+    return rank_span(range(ranks[0], ranks[1])) if ok else "-"
+
+
+def _head(phase: Any, summary: str, failure: Any) -> list[Text | Table]:
+    """The phase in its colour and a summary; the failure's reason, when there is one, below."""
     head = Text()
-    head.append(phase, style=PHASE_STYLE.get(phase, ""))
+    head.append(peer(phase or "?"), style=PHASE_STYLE.get(str(phase), ""))
+    head.append(peer(summary))
+    return [head, Text(f"failure: {peer(failure)}", style="red")] if failure else [head]
+
+
+def render(state: dict[str, Any]) -> list[Text | Table]:
     target = state.get("target")
-    head.append(
-        peer(
-            f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts"
-            f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'})"
-        )
+    out = _head(
+        state.get("phase"),
+        f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts"
+        f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'})"
+        f"  start {state.get('start')}{' (armed)' if state.get('armed') else ''}"
+        f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}",
+        state.get("failure"),
     )
-    head.append(
-        peer(
-            f"  start {state.get('start')}{' (armed)' if state.get('armed') else ''}"
-            f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}"
-        )
-    )
-    out: list[Text | Table] = [head]
-    if state.get("failure"):
-        out.append(Text(f"failure: {peer(state['failure'])}", style="red"))
-    table = Table("host", "ranks", "devices", "torch", "joined")
+    averaging = _map(state.get("averaging"))
+    if averaging.get("rounds"):
+        last = _seconds(averaging.get("round_s"))
+        out.append(Text(peer(f"averaging: {averaging['rounds']} rounds, the last in {last}")))
+    beats = _map(state.get("heartbeats"))
+    table = Table("host", "ranks", "devices", "torch", "joined", "heartbeat")
     for host in _hosts(state):
-        cells = (
-            peer(host.get("host")),
-            _ranks(host.get("ranks")),
-            group_devices(host.get("device_labels") or host.get("devices") or []),
-            peer(host.get("variant", "-")),
-            f"{_clock(_ago(state, host))} ago",
+        table.add_row(
+            *_row(
+                str(host.get("host")),
+                _span(host.get("ranks")),
+                group_devices(host.get("device_labels") or host.get("devices") or []),
+                str(host.get("variant", "-")),
+                f"{_clock(_ago(state, host))} ago",
+                _age(beats.get(str(host.get("host")))),
+            )
         )
-        table.add_row(*map(Text, cells))  # Text: a peer's `[red]` is not markup
     if _hosts(state):
+        out.append(table)
+    ranks = [(rank, r) for rank, r in _map(state.get("ranks")).items() if isinstance(r, dict)]
+    if ranks:
+        board = Table("rank", "host", "steps", "steps/s", "loss", "last report")
+        for rank, r in ranks[:RANK_ROWS]:
+            board.add_row(
+                *_row(
+                    rank,
+                    str(r.get("host")),
+                    str(r.get("step", "-")),
+                    _number(r.get("step_rate"), ".2f"),
+                    _number(r.get("loss"), ".4g"),
+                    _age(r.get("age")),
+                )
+            )
+        out.append(board)
+        if len(ranks) > RANK_ROWS:
+            out.append(Text(f"... and {len(ranks) - RANK_ROWS} more ranks (fdl status --json)", style="dim"))
+    return out
+
+
+def render_verdict(verdict: dict[str, Any], now: float) -> list[Text | Table]:
+    """A kept verdict (nobody answers any more): how the last launch on that port ended."""
+    ended = verdict.get("ended_at")
+    ago = _clock(now - ended) if isinstance(ended, (int, float)) else "?"
+    out = _head(
+        verdict.get("phase"),
+        f"  the last launch on port {verdict.get('port')} (launch {verdict.get('launch') or '?'}) "
+        f"ended {ago} ago: {verdict.get('world_size', 0)} ranks on {len(verdict.get('hosts', []))} hosts",
+        verdict.get("reason"),
+    )
+    if not verdict.get("reason") and verdict.get("phase") not in ("done", "failed"):
+        out.append(Text("the controller stopped before a verdict", style="yellow"))
+    table = Table("host", "ranks", "devices", "exits")
+    for host in _hosts(verdict):
+        exits = _map(host.get("exits"))
+        table.add_row(
+            *_row(
+                str(host.get("host")),
+                _span(host.get("ranks")),
+                group_devices(host.get("device_labels") or host.get("devices") or []),
+                ", ".join(f"rank {rank}: exit {code}" for rank, code in exits.items()) or "-",
+            )
+        )
+    if _hosts(verdict):
         out.append(table)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 
 from . import wire
@@ -31,6 +32,12 @@ async def dial(
             raise Transient(
                 f"the TLS handshake with {host}:{port} failed ({type(exc).__name__}: {exc})",
                 "join.tls_fingerprint is set: does this controller serve TLS (cluster.controller.tls)?",
+            ) from None
+        if isinstance(exc, socket.gaierror):
+            raise Transient(
+                f"the controller's name {host} does not resolve ({exc.strerror})",
+                "check the address (fdl join HOST:PORT, or join.controller in fdl.yml), or dial the "
+                "controller by its IP; DNS may come back, so --persist re-dials",
             ) from None
         raise Transient(
             f"cannot reach the controller at {host}:{port}: {exc}",

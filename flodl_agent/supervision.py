@@ -17,7 +17,25 @@ run with a save.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
+
+
+def exit_words(code: int) -> str:
+    """How a rank ended, as people read it: "exited with code 3", "was killed by SIGABRT (-6)"."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name} ({code})"
+    except ValueError:
+        return f"was killed by signal {-code} ({code})"
+
+
+def ranks_failed(host: str, codes: dict[int, int]) -> str:
+    """The failed ranks of one host (rank -> exit code), each with how it ended."""
+    failed = [f"rank {rank} {exit_words(code)}" for rank, code in sorted(codes.items()) if code != 0]
+    what = "ranks" if len(failed) > 1 else "a rank"
+    return f"{what} failed on {host}: {', '.join(failed)}; the run ended with errors"
 
 
 def failure_budget(spec: str, world_size: int) -> int:

@@ -9,11 +9,13 @@ when a round opens and closes (its stall ceiling), and who saves at a shutdown.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from . import wire
+from .history import RoundLog
 from .hub import Averaged, Hub, Mismatch
 from .messages import Average, Stream
 from .rendezvous import RouteError, StreamRouter
@@ -30,13 +32,20 @@ class RoundFailed(Exception):
 
 class Traffic:
     def __init__(
-        self, hosts: list[str], links: Mapping[str, Sender], supervisor: Supervisor, dropped: Counter[str]
+        self,
+        hosts: list[str],
+        links: Mapping[str, Sender],
+        supervisor: Supervisor,
+        dropped: Counter[str],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.links = links  # the controller's live links: a host that left is simply not there
         self.supervisor = supervisor
         self.dropped = dropped
         self.streams = StreamRouter(hosts[0])  # rank 0's host serves the store
         self.hub = Hub(set(hosts))
+        self.rounds = RoundLog()  # each round's seconds and shares, for the status page
+        self.clock = clock  # times rounds from their first push to their average
 
     @property
     def averaging(self) -> bool:
@@ -68,6 +77,7 @@ class Traffic:
         if self.supervisor.shutdown:  # a round pushed after the shutdown: answered with it at once
             self.tell_shutdown(host, pushed.round)
             return False
+        self.rounds.opened(pushed.round, self.clock())
         try:
             done = self.hub.push(host, pushed.round, pushed.weight, blob, pushed.bf16)
         except Mismatch as exc:
@@ -83,6 +93,7 @@ class Traffic:
     def deliver(self, rounds: list[Averaged]) -> None:
         for done in rounds:
             self.supervisor.round_closed(done.round)
+            self.rounds.closed(done.round, self.clock(), done.weights)
             body = {"round": done.round, "weight": done.weight, "bf16": done.bf16}
             for host in done.hosts:
                 link = self.links.get(host)
@@ -91,6 +102,7 @@ class Traffic:
 
     def shutdown(self) -> None:
         """ShutdownWithSave: every round waiting is answered with it (and the saver's rank)."""
+        self.rounds.dropped()
         for round_no, hosts in self.hub.shutdown():
             for host in hosts:
                 self.tell_shutdown(host, round_no)

@@ -15,17 +15,23 @@ Every rank runs the same ``Trainer(...).fit(rounds)`` (or ``fit(batches=N)``:
 until the world has taken N batches, a stop every rank agrees on because it
 reads the round's averaged weight); the walk-in's
 environment (RANK, WORLD_SIZE, the store, the averaging port) does the rest.
+
+A rank's shard goes resident on its GPU when it fits the device's budget
+(:mod:`.device_memory`: an APU's is its ``gpu_ram_share`` of the host's RAM),
+and streams batch by batch otherwise; the batches are the same either way.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
+from .device_memory import Budget, Device, device_budget, resolve_share
 from .metrics import report as report_progress
 from .signature import answer_probe, check_formation, model_signature
 
@@ -132,6 +138,60 @@ class RoundReport:
     seconds_per_batch: dict[int, float]  # every rank that stepped
 
 
+def read_device(torch: Any, device: Any) -> Device:
+    """The device's memory facts: torch's figure, whether it is an APU, the host's RAM."""
+    if device.type != "cuda":
+        return Device("cpu")
+    props = torch.cuda.get_device_properties(device)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Device("cuda", int(props.total_memory), bool(getattr(props, "is_integrated", False)), ram)
+
+
+def nbytes(item: Any) -> int:
+    """The bytes one dataset item holds in its tensors (arrays, numbers: 8 bytes each)."""
+    if hasattr(item, "nbytes"):
+        return int(item.nbytes)
+    if isinstance(item, Mapping):
+        return sum(nbytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(nbytes(v) for v in item)
+    return 8
+
+
+def _map(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` over every tensor of a collated batch (tensors, mappings, sequences of them)."""
+    import torch
+
+    if torch.is_tensor(tree):
+        return fn(tree)
+    if isinstance(tree, Mapping):
+        return {k: _map(v, fn) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a namedtuple
+        return type(tree)(*(_map(v, fn) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map(v, fn) for v in tree)
+    return tree
+
+
+def stream_batches(dataset: Any, indices: list[int], batch_size: int) -> Iterator[Any]:
+    """A shard, cycled, collated batch by batch as it is drawn: faster ranks draw more of it."""
+    from torch.utils.data import default_collate
+
+    while True:
+        for start in range(0, len(indices), batch_size):
+            yield default_collate([dataset[i] for i in indices[start : start + batch_size]])
+
+
+def resident_batches(dataset: Any, indices: list[int], batch_size: int, device: Any) -> Iterator[Any]:
+    """The same batches as :func:`stream_batches`, cut from the whole shard collated once on ``device``."""
+    from torch.utils.data import default_collate
+
+    whole = _map(default_collate([dataset[i] for i in indices]), lambda t: t.to(device))
+    while True:
+        for start in range(0, len(indices), batch_size):
+            yield _map(whole, itemgetter(slice(start, start + batch_size)))
+
+
 class Trainer:
     def __init__(
         self,
@@ -142,7 +202,10 @@ class Trainer:
         config: ElCheConfig | None = None,
         batch_size: int = 32,
         checkpoint: str | os.PathLike[str] | None = None,
+        gpu_ram_share: float | None = None,
     ) -> None:
+        """``gpu_ram_share``: an APU's share of the host's RAM (set here, it beats the
+        FLODL_GPU_RAM_SHARE the agent hands the rank); discrete GPUs and CPU ranks ignore it."""
         import torch
 
         self.config = config or ElCheConfig.nccl_cadence()
@@ -152,6 +215,8 @@ class Trainer:
         # The agent masks the rank to its one device (CUDA_VISIBLE_DEVICES): it is cuda:0 here.
         on_gpu = os.environ.get("FLODL_DEVICE", "").startswith("cuda") and torch.cuda.is_available()
         self.device = torch.device("cuda" if on_gpu else "cpu")
+        self.gpu_ram_share = resolve_share(gpu_ram_share, os.environ)
+        self.memory: Budget = device_budget(read_device(torch, self.device), self.gpu_ram_share)
         built = model()
         answer_probe(built)  # under a join's model probe: answer and exit before anything trains
         self.model = built.to(self.device)
@@ -163,7 +228,15 @@ class Trainer:
         self.checkpoint = Path(checkpoint or os.environ.get("FLODL_CHECKPOINT", "checkpoint.pt"))
         self.reports: list[RoundReport] = []
         self._owns_group = False  # a process group this Trainer created, and so tears down
-        self._batches = self._shard()
+        indices = list(range(self.rank, len(dataset), self.world))
+        if not indices:
+            raise ValueError(f"rank {self.rank}: the dataset ({len(dataset)} items) has nothing for it")
+        self.data_bytes = nbytes(dataset[indices[0]]) * len(indices)  # this rank's shard, estimated
+        self.resident = self.memory.fits(self.data_bytes)
+        if self.resident:
+            self._batches = resident_batches(dataset, indices, batch_size, self.device)
+        else:
+            self._batches = stream_batches(dataset, indices, batch_size)
         self._average = self._plane()
 
     def _shutdown(self, exc: Exception, round_no: int) -> None:
@@ -214,17 +287,6 @@ class Trainer:
         prefix = f"flodl/{os.environ.get('FLODL_LAUNCH', '')}/model_sig"
         store.set(f"{prefix}/{self.rank}", model_signature(self.model))
         check_formation({r: store.get(f"{prefix}/{r}").decode() for r in range(self.world)})
-
-    def _shard(self) -> Iterator[Any]:
-        """This rank's share of the dataset, cycled: faster ranks simply draw more of it."""
-        from torch.utils.data import default_collate
-
-        indices = list(range(self.rank, len(self.dataset), self.world))
-        if not indices:
-            raise ValueError(f"rank {self.rank}: the dataset ({len(self.dataset)} items) has nothing for it")
-        while True:
-            for start in range(0, len(indices), self.batch_size):
-                yield default_collate([self.dataset[i] for i in indices[start : start + self.batch_size]])
 
     def _plane(self) -> Callable[[list[Any], float], float]:
         if self.config.plane == "cpu":

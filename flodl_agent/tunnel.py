@@ -73,7 +73,10 @@ class Tunnel:
                 )
                 raise Transient(
                     f"the ssh tunnel did not come up: {err or 'ssh exited'}",
-                    "check the ssh: block (target, user, identity_file) and the host key",
+                    f"the door's name {self.ssh.target} does not resolve: check join.ssh.target, or name "
+                    "the door by its IP; DNS may come back, so --persist re-dials"
+                    if "Could not resolve hostname" in err
+                    else "check the ssh: block (target, user, identity_file) and the host key",
                 )
             try:
                 _, w = await asyncio.open_connection("127.0.0.1", self.local_port)

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from .gpus import Gpu, Torch
@@ -31,7 +32,7 @@ FLEET = "flodl-fleet"
 # Run by each venv's interpreter: its torch build, read without touching a device.
 FACTS = """
 import json, os
-out = {"version": "", "cuda": "", "hip": "", "archs": [], "error": ""}
+out = {"version": "", "cuda": "", "hip": "", "archs": [], "nccl": "", "error": ""}
 try:
     import torch
     out["version"] = str(torch.__version__)
@@ -41,6 +42,12 @@ try:
         out["archs"] = str(torch._C._cuda_getArchFlags() or "").split()
     except Exception:
         pass
+    if out["cuda"] or out["hip"]:
+        try:  # the library's version, read without a device
+            v = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:
+            pass
 except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
@@ -125,6 +132,7 @@ def parse_facts(text: str) -> Torch:
             cuda=str(data["cuda"]),
             hip=str(data["hip"]),
             archs=[str(a) for a in data["archs"]],
+            nccl=str(data.get("nccl", "")),
             error=str(data["error"]),
         )
     except (ValueError, KeyError, IndexError, TypeError):
@@ -141,6 +149,16 @@ def rocm_variant(text: str) -> str:
     """/opt/rocm/.info/version ("6.4.1-120") as a variant (rocm6.4); "" when unreadable."""
     m = re.match(r"\s*(\d+)\.(\d+)", text)
     return f"rocm{m.group(1)}.{m.group(2)}" if m else ""
+
+
+# The roles' home (flodl_worker_home, flodl_controller_home), which holds libtorch/<variant>: where a
+# host with an ``arch`` but no ``path`` finds its variant's venv.
+ROLE_HOME = "/opt/flodl"
+
+
+def variant_venv(path: str | None, arch: str) -> str:
+    """``<path>/libtorch/<arch>``: a cluster entry's variant venv (the role's home without a path)."""
+    return f"{path or ROLE_HOME}/libtorch/{arch}"
 
 
 def libtorch_root(prefix: Path, env: Mapping[str, str], home: Path) -> Path:
@@ -207,11 +225,27 @@ _MISSING = (
 )
 
 
+# pip's words for an index it did not reach: its retries, after which it too says "no
+# matching distribution" (it found none, having read nothing).
+_UNREACHED = (
+    "Retrying (Retry(",
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Max retries exceeded",
+    "Temporary failure in name resolution",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ProxyError",
+)
+
+
 def pip_failure(what: str, variant: str, source: str, output: str) -> AgentFailure:
     """A failed pip install: nothing to install there is permanent, anything else (the network,
     a mirror down) transient."""
-    tail = " ".join(output.strip().splitlines()[-3:])[-400:]
-    if any(marker in output for marker in _MISSING):
+    lines = output.strip().splitlines()
+    unreached = [line for line in lines if any(m in line for m in _UNREACHED)]
+    tail = (unreached[-1] if unreached else " ".join(lines[-3:]))[-400:]
+    if any(m in output for m in _MISSING) and not unreached:
         return Permanent(
             f"libtorch {variant}: {what} is not available from {source} ({tail})",
             f"check that {source} serves {variant} for this Python, or point join.torch_sources.{variant} "
@@ -234,6 +268,12 @@ def _cards(gpus: Sequence[Gpu]) -> str:
 def _covers_all(flags: list[str], cards: Sequence[Gpu]) -> bool:
     """No flags: the build does not say (as offer.kernel_gap, nothing to compare)."""
     return not flags or all(covers(flags, g.arch) for g in cards)
+
+
+def _vendor_cards(box: BoxGpus) -> tuple[str, list[Gpu]]:
+    """The vendor whose cards ``auto`` serves (NVIDIA on a box with both) and those cards."""
+    kind = "nvidia" if any(g.vendor == "nvidia" for g in box.gpus) else "amd"
+    return kind, [g for g in box.gpus if g.vendor == kind]
 
 
 def _fix(root: Path) -> str:
@@ -275,8 +315,7 @@ def choose(
             why = "a CPU box" if v.variant == "cpu" else f"a CPU box; {v.variant} runs CPU ranks"
             return Choice(v.variant, v.path, why)
         return Choice("cpu", None, "a CPU box with no working torch venv")
-    kind = "nvidia" if any(g.vendor == "nvidia" for g in box.gpus) else "amd"
-    cards = [g for g in box.gpus if g.vendor == kind]
+    kind, cards = _vendor_cards(box)
     covering = [v for v in usable if vendor(v.variant) == kind and _covers_all(v.torch.archs, cards)]
     if covering:
         best = max(covering, key=lambda v: (version_key(v.variant), v.path == running.path))
@@ -306,3 +345,80 @@ def choose(
             _fix(root),
         )
     return Choice(pick, None, f"{what}; ROCm {pick[4:]} on this box: acquiring {pick}")
+
+
+# --- the listing (`fdl libtorch list`) -----------------------------------------------
+
+
+def coverage(venv: Venv, box: BoxGpus) -> tuple[bool | None, str]:
+    """Whether a venv serves this box's cards as ``auto`` judges it, and in words; None on a
+    box with no card (any working torch runs CPU ranks)."""
+    if venv.problem:
+        return False, venv.problem
+    if not box.gpus:
+        return None, "CPU ranks (no GPU on this box)"
+    kind, cards = _vendor_cards(box)
+    if vendor(venv.variant) != kind:
+        return False, f"a {venv.variant} build: no kernels for {_cards(cards)}"
+    gap = [g for g in cards if not _covers_all(venv.torch.archs, [g])]
+    if gap:
+        return False, f"no kernel for {_cards(gap)}"
+    return True, f"covers {_cards(cards)}"
+
+
+def listing(
+    venvs: Sequence[Venv], running: Venv, box: BoxGpus, root: Path, auto: Choice | AgentFailure
+) -> dict[str, Any]:
+    """What `fdl libtorch list --json` prints: the root, this box's cards, each venv under the
+    root (and the running one when it lives elsewhere) and what ``auto`` would pick."""
+    rows = list(venvs) + ([] if any(v.path == running.path for v in venvs) else [running])
+    variants = []
+    for v in rows:
+        covers_box, words = coverage(v, box)
+        named = v.name if v.path.parent == root else ""
+        variants.append(
+            {
+                "name": v.name,
+                "path": str(v.path),
+                "variant": v.variant,
+                "torch": v.torch.version,
+                "cuda": v.torch.cuda,
+                "hip": v.torch.hip,
+                "archs": list(v.torch.archs),
+                "nccl": v.torch.nccl,
+                "fdl": v.fdl,
+                "problem": v.problem,
+                "running": v.path == running.path,
+                "covers": covers_box,
+                "coverage": words,
+                # join finds a venv by its directory's name: say when the build inside is another
+                "note": f"named {named}, holds a {v.variant} build"
+                if named and not v.problem and v.variant != named
+                else "",
+            }
+        )
+    if isinstance(auto, AgentFailure):
+        pick: dict[str, Any] = {"error": auto.message, "fix": auto.fix}
+    else:
+        pick = choice_json(auto)
+    return {
+        "root": str(root),
+        "box": {
+            "gpus": [
+                {"index": g.index, "vendor": g.vendor, "name": g.name, "arch": g.arch} for g in box.gpus
+            ],
+            "driver_cuda": box.driver_cuda,
+            "rocm": box.rocm.strip(),
+        },
+        "variants": variants,
+        "auto": pick,
+    }
+
+
+def choice_json(choice: Choice) -> dict[str, Any]:
+    return {
+        "variant": choice.variant,
+        "venv": str(choice.venv) if choice.venv else None,
+        "acquire": choice.acquire,
+        "reason": choice.reason,
+    }

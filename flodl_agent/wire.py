@@ -68,6 +68,11 @@ class Channel(Enum):
     HTTP = b"HTTP"  # not a preamble: any of HTTP_METHODS
 
 
+# What a peer the dial guard turns away reads instead of a challenge: fixed bytes, so a flood
+# of refused connections costs one send each (no allocation, no crypto), and never a frame
+# ("FL" and then no protocol version).
+RATE_LIMITED = b"FL!rate-limited\n"
+
 # The first four bytes of every HTTP method: the status surface answers the others 405.
 HTTP_METHODS = frozenset({b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"PATC", b"OPTI"})
 

@@ -12,6 +12,7 @@ import click
 
 from ..address import join_address, local_address
 from ..launcher import LaunchOptions
+from ..messages import Plane
 from ..names import name_problem, shown
 from .common import fail, load, project_file
 from .launch import launch_loaded
@@ -25,13 +26,22 @@ from .status import start, status
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.argument("name")
-@click.option("--plane", type=click.Choice(["cpu", "nccl"]), default="cpu", help="Data plane of the run.")
+@click.option(
+    "--plane",
+    type=click.Choice(["cpu", "nccl"]),
+    help="Data plane of the run (default: cluster.plane, else cpu).",
+)
 @click.option("--fanout/--no-fanout", default=True, help="Start agents on the configured workers.")
 @click.argument("command_name", metavar="COMMAND")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def at_cluster(
-    ctx: click.Context, name: str, plane: str, fanout: bool, command_name: str, extra: tuple[str, ...]
+    ctx: click.Context,
+    name: str,
+    plane: Plane | None,
+    fanout: bool,
+    command_name: str,
+    extra: tuple[str, ...],
 ) -> None:
     """`fdl @NAME COMMAND [ARGS]`: run a named command of fdl.yml on the cluster of fdl.NAME.yml.
 
@@ -64,7 +74,5 @@ def at_cluster(
             else (f"known: {', '.join(commands)}" if commands else "add a commands: block to fdl.yml")
         )
         fail(f"@{name}", f"no command `{shown(command_name)}`", hint)
-    options = LaunchOptions(
-        command=[*commands[command_name], *extra], plane="nccl" if plane == "nccl" else "cpu", fanout=fanout
-    )
+    options = LaunchOptions(command=[*commands[command_name], *extra], plane=plane, fanout=fanout)
     launch_loaded(loaded, overlay, options)

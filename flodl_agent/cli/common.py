@@ -82,6 +82,23 @@ def token_or_exit(option: str | None) -> str | None:
         raise SystemExit(2) from None
 
 
+class TailCommand(click.Command):
+    """Everything after `--` is the tail (``ctx.meta["tail"]``, None without a `--`): an
+    empty tail is still a tail, and a tail never fills an optional positional argument."""
+
+    usage = "[OPTIONS] [-- ARGS...]"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["tail"] = None
+        if "--" in args:
+            cut = args.index("--")
+            args, ctx.meta["tail"] = args[:cut], args[cut + 1 :]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, self.usage)
+
+
 file_arg = click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
 base_opt = click.option(
     "--base",

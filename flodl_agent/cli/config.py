@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from ..config import FdlConfig
-from ..ranks import known_ranks, plan_window
+from ..ranks import known_ranks, plan_window, rank_span
 from .common import base_opt, emit_json, file_arg, json_opt, load, out, print_problems
 
 EXAMPLES = ("lab", "local", "reference")
@@ -114,7 +114,7 @@ def config_show(file: Path, base: Path | None, as_json: bool) -> None:
         out.print("no roster (discovery): the world is whoever walks in", markup=False)
     table = Table("host", "devices", "ranks", "nccl_socket_ifname", "path", "arch")
     for worker, row in zip(cluster.workers, payload["workers"], strict=True):
-        ranks = "at dispatch" if row["ranks"] is None else f"[{row['ranks'][0]}..{row['ranks'][1]})"
+        ranks = "at dispatch" if row["ranks"] is None else rank_span(range(*row["ranks"]))
         table.add_row(
             worker.host,
             str(worker.local_devices),

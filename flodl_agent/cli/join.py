@@ -22,7 +22,7 @@ from ..config import Join
 from ..libtorch import reexec, settle
 from ..options import JoinFlags, OptionError, resolve_join, resolve_libtorch
 from ..retry import AgentFailure
-from .common import err, fail, load, log, option_error, project_file, token_or_exit
+from .common import TailCommand, err, fail, load, log, option_error, project_file, token_or_exit
 
 
 def read_spec(from_stdin: bool, command: str = "join") -> AgentSpec:
@@ -38,7 +38,7 @@ def read_spec(from_stdin: bool, command: str = "join") -> AgentSpec:
         fail(command, str(exc))
 
 
-def _join_block(config_file: Path | None) -> Join:
+def join_block(config_file: Path | None) -> Join:
     path = project_file(config_file)
     if path is None:
         return Join()
@@ -69,7 +69,11 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
         fail("join", exc.message, exc.fix or None, exc.code)
 
 
-@click.command(name="join")
+class _JoinCommand(TailCommand):
+    usage = "[OPTIONS] [ADDRESS] [-- ARGS...]"  # ARGS: --bin's, verbatim; never the address
+
+
+@click.command(name="join", cls=_JoinCommand)
 @click.argument("address", required=False)
 @click.option(
     "--config",
@@ -80,7 +84,9 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
 @click.option(
     "--token", "token_opt", metavar="-", help="`-` reads the run's join.token from stdin (or set FDL_TOKEN)."
 )
-@click.option("--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward.")
+@click.option(
+    "--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward (CPU plane only)."
+)
 @click.option("--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
 @click.option(
     "--tls-fingerprint", "pin", metavar="SHA256", help="The controller serves TLS: pin its certificate."
@@ -92,7 +98,19 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
 )
 @click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N, at most 1024 (default: every GPU).")
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
-@click.option("--bin", "entry", help="Local path of the run's entry point on this box.")
+@click.option(
+    "--bin",
+    "entry",
+    metavar="PATH",
+    help="This box's own entry point; with the ARGS after --, its ranks' command instead of the "
+    "launch's (a .py file that is not executable runs under this venv's python).",
+)
+@click.option(
+    "--docker",
+    metavar="SERVICE",
+    help="Run this box's ranks in this compose service (the project's compose file: the working "
+    "directory's or COMPOSE_FILE; docker compose, docker-compose, podman-compose or podman compose).",
+)
 @click.option(
     "--libtorch",
     metavar="VARIANT",
@@ -101,7 +119,6 @@ def pick_variant(flag: str | None, block: Join, devices: str | None = None) -> N
 @click.option("--backoff", type=click.FloatRange(0.1, 60), default=5.0, hidden=True)
 @click.option("--spec-stdin", is_flag=True, hidden=True, help="Read a launcher's agent spec from stdin.")
 @click.option("--tag", hidden=True, help="Marks a fan-out agent so the next launch can clean up orphans.")
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def join_cmd(
     address: str | None,
     config_file: Path | None,
@@ -113,19 +130,27 @@ def join_cmd(
     devices: str | None,
     persist: bool | None,
     entry: str | None,
+    docker: str | None,
     libtorch: str | None,
     backoff: float,
     spec_stdin: bool,
     tag: str | None,
-    args: tuple[str, ...],
 ) -> None:
     """Walk into a join window at ADDRESS (host:port) and run this box's ranks.
+
+    The ranks run the launch's command, or this box's own: `--bin PATH -- ARGS`
+    (join.bin, join.args), ARGS passed verbatim; a published run this box fetched
+    (join.source) wins over both. ARGS need --bin. The controller logs and shows
+    each host's command: keep secrets out of it (join.env is not shown).
+
+    Through --ssh (an ssh -L forward) only the CPU plane runs: a forward cannot
+    carry an NCCL mesh, and an NCCL window refuses the box.
 
     Every flag defaults from the join: block of fdl.yml. Exit 0 clean, 1
     transient (re-dial), 2 permanent.
     """
     # A launcher's spec is the whole story: a stray ./fdl.yml on the worker must not reroute it.
-    block = Join() if spec_stdin else _join_block(config_file)
+    block = Join() if spec_stdin else join_block(config_file)
     # Before stdin is read (a --token - or --spec-stdin line): the re-exec'd agent reads it.
     pick_variant(libtorch, block, devices)
     spec = read_spec(spec_stdin)
@@ -139,7 +164,8 @@ def join_cmd(
         devices=devices,
         persist=persist,
         bin=entry,
-        args=args,
+        args=tuple(click.get_current_context().meta["tail"] or ()),
+        docker=docker,
     )
     try:
         settings = resolve_join(flags, spec, block, socket.gethostname())
@@ -155,6 +181,7 @@ def join_cmd(
         devices=settings.devices,
         bin=settings.bin,
         ssh=settings.ssh,
+        tunnel=settings.tunnel,
         data_path=settings.data_path,
         env=settings.env,
         socket_ifname=settings.socket_ifname,
@@ -162,6 +189,8 @@ def join_cmd(
         data_source=settings.data_source,
         args=settings.args,
         tls_fingerprint=settings.tls_fingerprint,
+        gpu_ram_share=settings.gpu_ram_share,
+        docker=settings.docker,
     )
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
 

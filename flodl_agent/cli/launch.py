@@ -15,6 +15,7 @@ from ..config import Loaded
 from ..controller import Controller
 from ..launcher import LaunchError, LaunchOptions
 from ..launcher import launch as run_launch
+from ..messages import Plane
 from ..status import one_line
 from ..supervision import parse_max_failure
 from .common import base_opt, err, load, log, print_problems
@@ -75,16 +76,16 @@ def _max_failure(value: str) -> str:
 @click.option(
     "--plane",
     type=click.Choice(["cpu", "nccl"]),
-    default="cpu",
-    show_default=True,
-    help="Data plane the run uses; nccl refuses CPU offers and mixed GPU vendors.",
+    help="Data plane the run uses (default: cluster.plane, else cpu). nccl refuses CPU offers, mixed "
+    "GPU vendors and tunnelled boxes (an ssh forward carries only the cpu plane).",
 )
 @click.option(
     "--fanout/--no-fanout",
     default=True,
     show_default=True,
-    help="Start an agent on every configured worker over ssh. --no-fanout when the workers run "
-    "their own join unit (fdl join --persist).",
+    help="Start an agent on every configured worker over ssh, after counting the GPUs of those that "
+    "offer `local_devices: all`. --no-fanout when the workers run their own join unit "
+    "(fdl join --persist).",
 )
 @click.option(
     "--max-failure",
@@ -120,7 +121,7 @@ def launch(
     base: Path | None,
     bind: str | None,
     port: int | None,
-    plane: str,
+    plane: Plane | None,  # click's Choice holds it to these
     fanout: bool,
     max_failure: str,
     stall_ceiling: float,
@@ -131,14 +132,21 @@ def launch(
     """Open the join window and run COMMAND on every admitted rank.
 
     COMMAND (after --) is the run's entry point and arguments, stated once here
-    and sent to every agent. Exit 0 when the run is done, 1 when it failed.
+    and sent to every agent: what a walk-in's ranks run unless it brings its own
+    (fdl join --bin PATH -- ARGS) or fetched a published run, whose manifest wins.
+    The log names what each host runs. Exit 0 when the run is done, 1 when it failed,
+    130 (143) when the operator stopped it with Ctrl-C (SIGTERM): every agent
+    is told the operator stopped the launch.
+    Watched (a status page, fdl status --watch), the port serves the final phase
+    a few seconds after the verdict; as it closes, the run's report is kept in
+    ~/.flodl/controller/verdict-PORT.json, where fdl status finds it.
     """
     loaded = load(config_file, base, False)
     options = LaunchOptions(
         command=list(command),
         bind=bind,
         port=port,
-        plane="nccl" if plane == "nccl" else "cpu",
+        plane=plane,
         fanout=fanout,
         max_failure=max_failure,
         stall_ceiling=stall_ceiling,
@@ -169,4 +177,7 @@ def launch_loaded(
     except LaunchError as exc:
         err.print(f"fdl launch: {exc.render()}", style="red", markup=False)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's stop was under way
+        err.print("fdl launch: interrupted again: stopped at once", style="red", markup=False)
+        raise SystemExit(130) from None
     raise SystemExit(code)

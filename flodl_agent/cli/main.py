@@ -15,6 +15,7 @@ from .config import config
 from .deploy import deploy
 from .join import join_cmd
 from .launch import launch
+from .libtorch import libtorch
 from .nccl import nccl
 from .plan import placement, plan
 from .probe import probe
@@ -38,6 +39,7 @@ for command in (
     status,
     start,
     probe,
+    libtorch,
     publish,
     deploy,
     tls,

@@ -11,9 +11,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..config import Cluster, ConfigError, load_config
+from ..findings import Finding
 from ..options import OptionError, probe_join
-from ..probe import Finding
-from .common import CLUSTER_FILE, base_opt, emit_json, err, json_opt, option_error, out, project_file
+from .common import (
+    CLUSTER_FILE,
+    base_opt,
+    emit_json,
+    err,
+    fail,
+    json_opt,
+    option_error,
+    out,
+    project_file,
+)
 from .join import read_spec
 
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold"}
@@ -35,19 +45,39 @@ def _finding_row(f: Finding, *where: str) -> tuple[str, ...]:
 @base_opt
 @click.option("--no-dial", is_flag=True, help="Do not try to reach the controller.")
 @click.option("--spec-stdin", is_flag=True, hidden=True, help="Probe as a cluster entry on stdin says.")
+@click.option(
+    "--capture",
+    "capture_to",
+    type=click.Path(path_type=Path),
+    metavar="DIR|FILE.tar.gz",
+    help="Instead, snapshot this box's GPU stack for a bug report into a new directory (or a "
+    ".tar.gz): this probe's report, the kernel's GPU modules, /dev/kfd and /dev/dri against this "
+    "user's groups, the KFD topology, rocminfo, rocm-smi, nvidia-smi, torch's build and runtime, "
+    "the GPU environment (credentials redacted). Exit 0 when written.",
+)
 @json_opt
 def probe(
-    config_file: Path | None, base: Path | None, no_dial: bool, spec_stdin: bool, as_json: bool
+    config_file: Path | None,
+    base: Path | None,
+    no_dial: bool,
+    spec_stdin: bool,
+    capture_to: Path | None,
+    as_json: bool,
 ) -> None:
     """Check this box before it walks in (or runs a controller).
 
-    torch and its variant against this box's GPUs, NCCL, the socket interface,
-    the data root, the node-local cache, the controller (through the join's ssh
-    forward when it has one), the controller port, and stale config keys.
+    torch and its variant against this box's GPUs, NCCL, an AMD box's access
+    (/dev/kfd, the render nodes and groups, the ROCm runtime), the socket interface,
+    the data root (data_path and its signature; with none declared, the
+    /flodl/data convention, where absence is fine), the node-local cache, the
+    controller (through the join's ssh forward when it has one), the
+    controller port, and stale config keys.
     Exit 0 when nothing failed, 1 otherwise.
     """
     from ..probe import as_json_payload, check, gather
 
+    if capture_to is not None:
+        write_capture(capture_to, config_file, base, as_json)
     if config_file is None and not spec_stdin:
         config_file = project_file() or (CLUSTER_FILE if CLUSTER_FILE.is_file() else None)
     join = cluster = None
@@ -106,3 +136,47 @@ def probe_cluster(cluster: Cluster, name: str, as_json: bool) -> NoReturn:
     out.print(table)
     out.print("[green]ready[/]" if payload["ok"] else "[red]not ready[/]")
     raise SystemExit(0 if payload["ok"] else 1)
+
+
+def write_capture(dest: Path, config_file: Path | None, base: Path | None, as_json: bool) -> NoReturn:
+    """`fdl probe --capture DEST`: write it, list what is in it (what was missing, failed or cut)."""
+    from ..capture import capture
+
+    if dest.name.endswith((".tar.gz", ".tgz")):
+        if dest.exists() or not dest.parent.is_dir():
+            why = "exists" if dest.exists() else f"is in no directory ({dest.parent} does not exist)"
+            raise click.BadParameter(f"{dest} {why}; name a new .tar.gz", param_hint="--capture")
+    elif dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise click.BadParameter(
+            f"{dest} exists and is not an empty directory; name a new one (or a FILE.tar.gz)",
+            param_hint="--capture",
+        )
+    args = [
+        *(["--config", str(config_file)] if config_file else []),
+        *(["--base", str(base)] if base else []),
+    ]
+    try:
+        where, index = capture(dest, probe_args=args)
+    except OSError as exc:
+        fail(
+            "probe", f"cannot write the capture at {dest} ({exc.strerror or exc})", "name a writable place", 1
+        )
+    if as_json:
+        emit_json(index)
+        raise SystemExit(0)
+    table = Table("", "file", "what", box=None, show_header=False, pad_edge=False)
+    style = {"ok": "green", "failed": "yellow", "timeout": "red"}
+    for entry in index["files"]:
+        how = entry["status"] + (f" {entry['exit']}" if entry["status"] == "failed" else "")
+        note = f" ({entry['note']})" if entry["note"] else ""
+        table.add_row(
+            f"[{style.get(entry['status'], 'dim')}]{how}[/]",
+            escape(entry["name"]),
+            escape(entry["what"] + note),
+        )
+    out.print(table)
+    out.print(
+        f"capture written to [bold]{escape(str(where))}[/]: README.txt says what each file is; "
+        "look it over, then attach it"
+    )
+    raise SystemExit(0)

@@ -11,25 +11,25 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..options import OptionError, PublishFlags, resolve_publish
-from .common import emit_json, err, json_opt, load, log, option_error, out, project_file
+from .common import (
+    CLUSTER_FILE,
+    TailCommand,
+    emit_json,
+    err,
+    json_opt,
+    load,
+    log,
+    option_error,
+    out,
+    project_file,
+)
 
 
-class _TailCommand(click.Command):
-    """Everything after `--` is the tail (``ctx.meta["tail"]``, None without a `--`): an
-    empty tail is still a tail, and a tail never fills an optional positional argument."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        ctx.meta["tail"] = None
-        if "--" in args:
-            cut = args.index("--")
-            args, ctx.meta["tail"] = args[:cut], args[cut + 1 :]
-        return super().parse_args(ctx, args)
-
-    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        formatter.write_usage(ctx.command_path, "[OPTIONS] [SPEC] [-- ARGS...]")
+class _PublishCommand(TailCommand):
+    usage = "[OPTIONS] [SPEC] [-- ARGS...]"
 
 
-@click.command(cls=_TailCommand)
+@click.command(cls=_PublishCommand)
 @click.argument("spec", required=False)
 @click.option("--bin", "entry", help="Entry point, relative to --cwd.")
 @click.option("--cwd", help="Project directory inside the tree (default: its root).")
@@ -52,6 +52,13 @@ class _TailCommand(click.Command):
     type=click.Path(path_type=Path, dir_okay=False),
     help="fdl.yml whose publish: block supplies the defaults (default: ./fdl.yml if present).",
 )
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Cluster file whose controller says where the gate builds: its docker service or its arch "
+    "variant (default: ./fdl.cluster.yml if present, else fdl.yml's cluster: block).",
+)
 @json_opt
 @click.pass_context
 def publish(
@@ -65,13 +72,16 @@ def publish(
     no_build: bool,
     model_probe: bool | None,
     config_file: Path | None,
+    cluster_file: Path | None,
     as_json: bool,
 ) -> None:
     """Publish a run: fetch SPEC into the served tree, build it once as a gate, write its manifest.
 
     SPEC is file:///abs, rsync://[user@]host[:port]:/abs, or git+https|ssh|file://…#ref.
     Everything after `--` is the run's arguments. Flags default from the publish: block of
-    fdl.yml, field by field; a `--` tail replaces its args even when empty. Workers pick the
+    fdl.yml, field by field; a `--` tail replaces its args even when empty. The gate builds
+    with this venv (the CPU variant), or where the cluster file's controller says: in its
+    docker compose service, or with its arch variant (<path>/libtorch/<arch>). Workers pick the
     run up on their next dial. Exit 0 published, 1 otherwise (nothing published).
     """
     from ..config import Publish
@@ -79,7 +89,11 @@ def publish(
     from ..publish import publish as run_publish
 
     path = project_file(config_file)
-    block = (load(path, None, as_json).config.publish if path else None) or Publish()
+    project = load(path, None, as_json).config if path else None
+    block = (project.publish if project else None) or Publish()
+    cluster_path = cluster_file or (CLUSTER_FILE if CLUSTER_FILE.is_file() else None)
+    cluster = load(cluster_path, None, as_json).config.cluster if cluster_path else None
+    cluster = cluster or (project.cluster if project else None)
     tail = ctx.meta["tail"]
     flags = PublishFlags(
         spec=spec,
@@ -93,7 +107,7 @@ def publish(
         tail=tuple(tail) if tail is not None else None,
     )
     try:
-        settings = resolve_publish(flags, block)
+        settings = resolve_publish(flags, block, cluster.controller if cluster else None)
     except OptionError as exc:
         option_error("publish", exc)
     request = PublishRequest(
@@ -106,6 +120,8 @@ def publish(
         no_build=settings.no_build,
         model_probe=settings.model_probe,
         identity=str(settings.identity.expanduser()) if settings.identity else None,
+        gate_docker=settings.gate_docker,
+        gate_venv=settings.gate_venv,
     )
     try:
         report = run_publish(request, log=log if not as_json else lambda _: None)

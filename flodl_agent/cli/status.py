@@ -10,16 +10,18 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
 import click
 from rich.console import Group
 from rich.live import Live
 
+from ..address import split_address
 from ..config import Cluster, ConfigError, load_config
 from ..options import OptionError, resolve_addr, resolve_pin
-from ..status import Unreachable, peer, render, request
+from ..status import Unreachable, peer, render, render_verdict, request
 from ..tls import cert_fingerprint
+from ..verdict import last_verdict
 from .common import CLUSTER_FILE, emit_json, err, json_opt, option_error, out, token_or_exit
 
 addr_opt = click.option(
@@ -65,25 +67,40 @@ def target(addr: str | None, pin: str | None) -> tuple[str, str | None, str | No
     return address, pinned, note
 
 
+def _gone(where: str, problem: Unreachable, as_json: bool) -> NoReturn:
+    """Nobody answers: say so, then how the last launch on that port ended when this box kept it."""
+    err.print(f"fdl status: {problem}", style="red", markup=False)
+    with contextlib.suppress(ValueError):
+        host, port = split_address(where)
+        verdict = last_verdict(host, port)
+        if verdict is not None:
+            if as_json:
+                emit_json(verdict | {"live": False})
+            else:
+                for part in render_verdict(verdict, time.time()):
+                    out.print(part)
+    raise SystemExit(1)
+
+
 @click.command()
 @addr_opt
 @pin_opt
 @json_opt
 @click.option("--watch", is_flag=True, help="Refresh every second until the run ends.")
 def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> None:
-    """Show the controller's phase, countdowns and roster. Exit 1 when nobody answers."""
+    """Show the controller's phase, countdowns, roster and every rank's progress.
+
+    When nobody answers, and the address is this box's, it shows how the last launch
+    on that port ended (the verdict the controller kept in ~/.flodl/controller of the
+    user who ran it). Exit 0 when a controller answers, 1 when none does (also when a
+    kept verdict is shown: --json's `ok` says how it ended)."""
     where, pinned, note = target(addr, pin)
     if note and not as_json:
         err.print(f"note: {note}", style="dim", markup=False)
-
-    def fetch() -> dict[str, Any]:
-        try:
-            return request(where, "GET", "/state.json", pin=pinned).body
-        except Unreachable as exc:
-            err.print(f"fdl status: {exc}", style="red", markup=False)
-            raise SystemExit(1) from None
-
-    state = fetch()
+    try:
+        state = request(where, "GET", "/state.json", pin=pinned).body
+    except Unreachable as exc:
+        _gone(where, exc, as_json)
     if as_json:
         emit_json(state)
         return
@@ -91,14 +108,18 @@ def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> Non
         for part in render(state):
             out.print(part)
         return
+    lost: Unreachable | None = None
     with Live(Group(*render(state)), console=out, refresh_per_second=4) as live:
         while state.get("phase") not in ("done", "failed"):
             time.sleep(1.0)  # the refresh interval of a watch display
             try:
                 state = request(where, "GET", "/state.json", pin=pinned).body
-            except Unreachable:
+            except Unreachable as exc:
+                lost = exc
                 break
             live.update(Group(*render(state)))
+    if lost is not None:  # the controller went before its final phase reached this watch
+        _gone(where, lost, as_json)
 
 
 @click.command()

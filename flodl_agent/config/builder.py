@@ -21,6 +21,7 @@ class ClusterBuilder:
         self._workers: list[dict[str, Any]] = []
         self._env: dict[str, Any] = {}
         self._gpu_ram_share: float | None = None
+        self._plane: str | None = None
 
     def controller(self, host: str, **fields: Any) -> ClusterBuilder:
         """``cluster.controller``: host plus port, path, docker, arch."""
@@ -46,6 +47,11 @@ class ClusterBuilder:
         self._gpu_ram_share = share
         return self
 
+    def plane(self, plane: str) -> ClusterBuilder:
+        """Cluster-scope ``plane``: ``cpu`` or ``nccl``."""
+        self._plane = plane
+        return self
+
     def to_data(self) -> dict[str, Any]:
         """The document a file would hold: ``{"cluster": {...}}``."""
         if self._controller is None:
@@ -60,6 +66,8 @@ class ClusterBuilder:
             cluster["env"] = dict(self._env)
         if self._gpu_ram_share is not None:
             cluster["gpu_ram_share"] = self._gpu_ram_share
+        if self._plane is not None:
+            cluster["plane"] = self._plane
         return {"cluster": cluster}
 
     def build(self) -> Cluster:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from .devices import DeviceOffer
@@ -16,6 +18,7 @@ from .fields import (
     Model,
     Name,
     Port,
+    Service,
     Share,
     SshOption,
     Variant,
@@ -50,8 +53,10 @@ class Controller(Model):
     host: Address = Field(description="bind address of the controller port")
     port: Port = Field(DEFAULT_PORT, description="the single controller port")
     path: AbsPath | None = Field(None, description="the controller's view of the project root")
-    docker: Name | None = Field(None, description="compose service for the pre-flight build")
-    arch: Variant | None = Field(None, description="torch variant for the pre-flight build")
+    docker: Service | None = Field(None, description="compose service the publish gate builds in")
+    arch: Variant | None = Field(
+        None, description="torch variant the publish gate builds with (<path>/libtorch/<arch>)"
+    )
     join: JoinWindow = Field(default_factory=JoinWindow, description="membership-window knobs")
     tls: Tls | None = Field(None, description="TLS on the controller port (clients pin the certificate)")
 
@@ -68,7 +73,7 @@ class Worker(Model):
     )
     path: AbsPath | None = Field(None, description="project checkout dir on this host")
     arch: Variant | None = Field(None, description="torch variant sub-path under <path>/libtorch/")
-    docker: Name | None = Field(None, description="compose service the ranks run in")
+    docker: Service | None = Field(None, description="compose service this host's ranks run in")
     data_path: AbsPath | None = Field(None, description="dataset root on this host")
     env: Env = Field(default_factory=dict, description="environment for this host's ranks")
     gpu_ram_share: Share | None = Field(
@@ -87,10 +92,13 @@ class Cluster(Model):
     workers: list[Worker] = Field(default_factory=list, description="rank-carrying hosts, in rank order")
     env: Env = Field(default_factory=dict, description="environment for every rank")
     gpu_ram_share: Share | None = Field(None, description="fleet default for APU hosts")
+    plane: Literal["cpu", "nccl"] | None = Field(
+        None, description="data plane: cpu (through the controller; tunnels too) or nccl (default: cpu)"
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> Cluster:
-        rules: list[Rule] = []
+        rules: list[Rule] = self.plane_rules(self.plane or "cpu")
         if not self.workers and not self.controller.join.discovery:
             rules.append(
                 (
@@ -132,6 +140,42 @@ class Cluster(Model):
                     )
         check(rules)
         return self
+
+    def plane_rules(self, plane: str) -> list[Rule]:
+        """What an NCCL plane cannot carry (empty for cpu): tunnels, which forward the
+        hub-and-spoke CPU plane but no mesh, and CPU ranks, which admission would refuse."""
+        if plane != "nccl":
+            return []
+        cpu_mode = "or run a CPU mode (plane: cpu, or fdl launch --plane cpu)"
+        rules: list[Rule] = []
+        if self.controller.join.tunnel_only:
+            rules.append(
+                (
+                    ("controller", "join", "tunnel_only"),
+                    "admits through the ssh door alone, and a tunnel carries only the CPU plane: "
+                    "`plane: nccl` needs a mesh between the hosts",
+                    f"drop tunnel_only (walk-ins then dial the controller directly), {cpu_mode}",
+                )
+            )
+        for i, worker in enumerate(self.workers):
+            if worker.tunnel:
+                rules.append(
+                    (
+                        ("workers", i, "tunnel"),
+                        "a tunnel carries only the CPU plane: `plane: nccl` needs a mesh between the "
+                        "hosts, which a port forward cannot carry",
+                        f"drop tunnel (the host reaches the others directly), {cpu_mode}",
+                    )
+                )
+            if worker.local_devices.kind == "cpu":
+                rules.append(
+                    (
+                        ("workers", i, "local_devices"),
+                        f"offers CPU ranks ({worker.local_devices}), which an NCCL plane refuses",
+                        f"offer GPUs (all, or a list of indices), {cpu_mode}",
+                    )
+                )
+        return rules
 
     def host_facts(self, host: str | None) -> dict[str, object]:
         """What this file says of one host, for its envelope: a roster worker's own entry

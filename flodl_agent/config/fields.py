@@ -23,8 +23,9 @@ from pydantic import (
 )
 
 from ..address import AddressError, check_host, split_address
+from ..compose import SERVICE_NAME
 from ..credentials import valid_token
-from ..names import name_problem
+from ..names import name_problem, shown
 from ..pin import normalize
 from ..sources import SpecError, parse_data_source, parse_source
 from .devices import DEVICES_JSON_SCHEMA, DeviceOffer, dump_devices, parse_devices
@@ -61,6 +62,19 @@ def _named(what: str) -> Any:
         return value
 
     return check
+
+
+def _service(value: str) -> str:
+    if not SERVICE_NAME.match(value):
+        raise fail(
+            (
+                (),
+                f"`{shown(value)}` is not a compose service name",
+                "name a service of the project's compose file (letters, digits, `_`, `.`, `-`; "
+                "a letter or digit first)",
+            )
+        )
+    return value
 
 
 def _address(value: str) -> str:
@@ -270,6 +284,7 @@ def _controller_address(value: str) -> str:
 
 HostName = Annotated[str, AfterValidator(_named("host name"))]
 Name = Annotated[str, AfterValidator(_named("name"))]
+Service = Annotated[str, AfterValidator(_service)]
 Address = Annotated[str, AfterValidator(_address)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 Variant = Annotated[str, AfterValidator(_variant)]

@@ -16,6 +16,7 @@ from .fields import (
     IfName,
     Libtorch,
     Model,
+    Service,
     Share,
     SourceSpecText,
     Token,
@@ -44,8 +45,12 @@ class Join(Model):
     ssh: Ssh | None = Field(None, description="dial through this sshd with a local forward")
     host: HostName | None = Field(None, description="this box's name in the roster (default: hostname)")
     devices: Devices | None = Field(None, description="devices offered (default: every GPU)")
-    bin: str | None = Field(None, description="entry point to run as given")
-    args: list[str] = Field(default_factory=list, description="arguments for the entry point")
+    bin: str | None = Field(
+        None, description="this box's own entry point: with args, its ranks' command (not the launch's)"
+    )
+    args: list[str] = Field(
+        default_factory=list, description="arguments for bin (or source's entry), verbatim"
+    )
     persist: bool = Field(False, description="re-dial with backoff whenever the agent exits")
     data_path: AbsPath | None = Field(None, description="the local data root this box's ranks read")
     data_source: DataSourceText | None = Field(
@@ -62,6 +67,9 @@ class Join(Model):
     source: Source | None = Field(None, description="fetch and build the entry point here")
     nccl_socket_ifname: IfName | None = Field(None, description="network interface for NCCL/gloo")
     env: Env = Field(default_factory=dict, description="environment for this box's ranks")
+    docker: Service | None = Field(
+        None, description="compose service this box's ranks run in (beats the cluster file's)"
+    )
     tls_fingerprint: Fingerprint | None = Field(
         None, description="the controller port speaks TLS: pin its certificate (sha256:<hex>)"
     )
@@ -76,6 +84,14 @@ class Join(Model):
                     "`bin` and `source` are alternatives: bin runs an entry point as given, "
                     "source fetches and builds one",
                     "keep one; the built entry point is named by source.bin or the run manifest",
+                )
+            )
+        if self.args and self.bin is None and self.source is None:
+            rules.append(
+                (
+                    ("args",),
+                    "are arguments for this box's own entry point, and none is named",
+                    "set join.bin (or join.source), or drop args to run the launch command",
                 )
             )
         if self.data_source is not None and self.data_path is None:

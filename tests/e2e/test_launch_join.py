@@ -18,8 +18,12 @@ from tests.support import free_port
 pytestmark = pytest.mark.skipif(shutil.which("fdl") is None, reason="the fdl console script is not on PATH")
 
 
-def fdl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["fdl", *args], cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+def fdl(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["fdl", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def loopback_cluster(cwd: Path, port: int, **join: object) -> None:
@@ -35,8 +39,20 @@ def loopback_cluster(cwd: Path, port: int, **join: object) -> None:
     )
 
 
-def state(cwd: Path) -> dict[str, object]:
-    proc = fdl("status", "--json", cwd=cwd)
+def launch_json(cwd: Path, env: dict[str, str], command: list[str]) -> subprocess.Popen[str]:
+    """`fdl launch --json -- COMMAND` in ``cwd``: the report on stdout, the log on stderr."""
+    return subprocess.Popen(
+        ["fdl", "launch", "--json", "--", *command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def state(cwd: Path, env: dict[str, str] | None = None) -> dict[str, object]:
+    proc = fdl("status", "--json", cwd=cwd, env=env)
     return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
 
@@ -58,14 +74,7 @@ def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
         f"import os; open(os.path.join(r'{out}', os.environ['RANK']), 'w').write(os.environ['WORLD_SIZE'])",
     ]
     env = {**os.environ, "NO_COLOR": "1"}
-    launch = subprocess.Popen(
-        ["fdl", "launch", "--json", "--", *rank_cmd],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launch = launch_json(tmp_path, env, rank_cmd)
     try:
         wait_for(lambda: state(tmp_path).get("phase") == "waiting")
         refused = fdl("start", cwd=tmp_path)
@@ -116,6 +125,48 @@ def test_manual_launch_two_walk_ins_start_train_done(tmp_path: Path) -> None:
 
     gone = fdl("status", cwd=tmp_path)
     assert gone.returncode == 1 and "no controller answers" in gone.stderr
+
+
+def test_after_a_run_fdl_status_says_how_it_ended_live_then_from_the_kept_verdict(tmp_path: Path) -> None:
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=1, join_timeout=1, max_join_timeout=30)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "NO_COLOR": "1"}  # the user running both
+    failing = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    launch = subprocess.Popen(
+        ["fdl", "launch", "--", *failing], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, text=True
+    )
+    try:
+        wait_for(lambda: state(tmp_path, env).get("phase") == "waiting")
+        watch = subprocess.Popen(
+            ["fdl", "status", "--watch"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+        )
+        join = ("join", f"127.0.0.1:{port}", "--devices", "cpu:1", "--host", "solo")
+        joined = fdl(*join, cwd=tmp_path, env=env, timeout=90)  # rank 0's host starts torch's store
+        assert joined.returncode == 1, joined.stderr  # its rank failed
+        # The live final phase: someone was watching, so the controller served the verdict a
+        # few seconds more, and the watch's last refresh shows it (exit 0: a controller answered).
+        watched, _ = watch.communicate(timeout=30)
+        assert watch.returncode == 0
+        assert "failed" in watched and "failure: rank 0 on solo exited with code 3" in watched
+        assert launch.wait(timeout=30) == 1
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        launch.wait()
+
+    # After the exit: nobody answers (exit 1), and the verdict the launch kept says how it ended.
+    gone = fdl("status", cwd=tmp_path, env=env)
+    assert gone.returncode == 1 and "no controller answers" in gone.stderr
+    assert f"failed  the last launch on port {port} (launch " in gone.stdout
+    assert "failure: rank 0 on solo exited with code 3" in gone.stdout and "rank 0: exit 3" in gone.stdout
+    kept = fdl("status", "--json", cwd=tmp_path, env=env)
+    assert kept.returncode == 1
+    verdict = json.loads(kept.stdout)
+    assert verdict["live"] is False and verdict["phase"] == "failed" and not verdict["ok"]
+    assert verdict["port"] == port and [h["host"] for h in verdict["hosts"]] == ["solo"]
+    # Another user's status (another home) holds no verdict of this launch: only "nobody answers".
+    other = fdl("status", cwd=tmp_path, env={**env, "HOME": str(tmp_path / "other")})
+    assert other.returncode == 1 and other.stdout == "" and "no controller answers" in other.stderr
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script for a terminal")
@@ -236,6 +287,66 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().lower()
     except OSError:
         return "zombie"
+
+
+# A walk-in's own entry: it says what it ran, with which arguments, under which python.
+OWN_ENTRY = """
+import json, os, sys
+json.dump({"argv": sys.argv[1:], "python": sys.executable, "entry": __file__},
+          open(os.path.join(os.environ["OUT"], os.environ["RANK"]), "w"))
+"""
+
+
+def test_a_walk_in_brings_its_own_command_and_the_controller_names_it(tmp_path: Path) -> None:
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=2, target_ranks=2, join_timeout=60, max_join_timeout=120)
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "x.py").write_text(OWN_ENTRY)  # not executable: it runs under the agent's python
+    launch_cmd = [
+        sys.executable,
+        "-c",
+        "import os; open(os.path.join(os.environ['OUT'], os.environ['RANK']), 'w').write('launch')",
+    ]
+    env = {**os.environ, "NO_COLOR": "1", "OUT": str(out)}
+    launch = launch_json(tmp_path, env, launch_cmd)
+    try:
+        wait_for(lambda: state(tmp_path).get("phase") == "waiting")
+        # the address from fdl.yml: what follows `--` is the entry's, never the ADDRESS
+        (tmp_path / "fdl.yml").write_text(json.dumps({"join": {"controller": f"127.0.0.1:{port}"}}))
+        base = ["fdl", "join", "--devices", "cpu:1", "--host"]
+        walkers = {
+            "own": subprocess.Popen(
+                [*base, "own", "--bin", "x.py", "--", "--flag", "v"], cwd=tmp_path, env=env, text=True
+            ),
+            "plain": subprocess.Popen([*base, "plain"], cwd=tmp_path, env=env, text=True),
+        }
+        assert {name: w.wait(timeout=60) for name, w in walkers.items()} == {"own": 0, "plain": 0}
+        assert launch.wait(timeout=30) == 0
+        assert launch.stderr is not None and launch.stdout is not None
+        log, report = launch.stderr.read(), json.loads(launch.stdout.read())
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        launch.wait()
+    by_host = {h["host"]: h for h in report["hosts"]}
+    own_rank, plain_rank = (str(by_host[h]["ranks"][0]) for h in ("own", "plain"))
+    ran = json.loads((out / own_rank).read_text())
+    # --bin PATH -- ARGS is its ranks' whole command: the arguments verbatim, under the agent's python
+    assert ran["argv"] == ["--flag", "v"] and ran["entry"].endswith("x.py")
+    fdl_bin = Path(shutil.which("fdl") or "").parent
+    assert Path(ran["python"]).parent == fdl_bin
+    assert (out / plain_rank).read_text() == "launch"  # no command of its own: the launch's
+    # the controller's log and its report name what each host runs
+    own_line = next(line for line in log.splitlines() if "admitted own" in line)
+    assert "runs its own command:" in own_line and own_line.endswith("x.py --flag v")
+    assert "runs the launch command" in next(line for line in log.splitlines() if "admitted plain" in line)
+    assert by_host["own"]["command"].endswith("x.py --flag v") and by_host["plain"]["command"] == ""
+
+    # arguments with no entry point to give them to are refused before any dial
+    refused = fdl("join", "--devices", "cpu:1", "--", "--flag", "v", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "none is named" in refused.stderr and "--bin PATH" in refused.stderr
 
 
 def test_the_quick_starts_one_machine_walkthrough_with_the_shipped_local_example(tmp_path: Path) -> None:

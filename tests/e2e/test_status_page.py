@@ -1,7 +1,9 @@
 """The status page in a real headless Chromium (Debian's, driven by Selenium with its
 own chromedriver: nothing is downloaded). A controller and two walk-ins run in a
 background event loop; the browser watches the window fill, fires the start from
-the page, and sees the ranks train. The screenshot is kept in build/test-artifacts/."""
+the page, sees the ranks train (their charts, the CPU plane's rounds and each host's
+share) and the timeline end with the verdict. The screenshot is kept in
+build/test-artifacts/."""
 
 from __future__ import annotations
 
@@ -17,14 +19,34 @@ from typing import Any
 import pytest
 
 from flodl_agent.controller import Controller
-from tests.support.control_plane import REPORTING, agent, settings, walk_in
+from tests.support.control_plane import agent, settings, walk_in
 
 webdriver = pytest.importorskip("selenium.webdriver")
+pytest.importorskip("torch")  # the ranks average through the CPU plane
 pytestmark = pytest.mark.skipif(
     shutil.which("chromium") is None or shutil.which("chromedriver") is None,
     reason="needs Debian's chromium and chromium-driver (scripts/system-deps installs them)",
 )
 ARTIFACTS = Path(__file__).parents[2] / "build" / "test-artifacts"
+
+# A rank that reports and averages until the test lets it finish: rank 1 brings twice
+# rank 0's weight to every round, so its host's share is two thirds.
+AVERAGING = """
+import os, time
+from pathlib import Path
+import torch
+from flodl_agent.averaging import Averager
+from flodl_agent.metrics import report
+rank = int(os.environ["RANK"])
+plane = Averager()
+weights = torch.zeros(8)
+step = 0
+while not Path(os.environ["GO"]).exists():
+    step += 1 + rank
+    report(step, loss=1.0 / step)
+    plane.average([weights], float(1 + rank))
+    time.sleep(0.05)
+"""
 
 
 @pytest.fixture
@@ -69,7 +91,7 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
     go = tmp_path / "go"
     ctl = Controller(
         settings(
-            [sys.executable, "-c", REPORTING],
+            [sys.executable, "-c", AVERAGING],
             env={"GO": str(go)},
             start="manual",
             join_timeout=120.0,
@@ -117,7 +139,49 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         assert [r[0] for r in ranks] == ["0", "1"]
         assert all(int(r[2]) > 0 and float(r[3]) > 0 and float(r[4]) > 0 for r in ranks)
         assert not browser.find_element(By.ID, "start-form").is_displayed()  # the window is closed
+        host_of = {r[0]: r[1] for r in ranks}
 
+        # The charts: a line per rank once each has reported a few times.
+        def drawn(chart: str) -> int:
+            return int(browser.find_element(By.ID, chart).get_attribute("data-points") or 0)
+
+        wait.until(lambda _: drawn("loss-chart") >= 6 and drawn("rate-chart") >= 6)
+        lines = browser.execute_script(
+            "return [...document.querySelectorAll('#loss-chart g')].map(g => "
+            "[g.dataset.key, g.querySelectorAll('polyline').length, g.querySelector('title').textContent])"
+        )
+        assert [(key, title) for key, _, title in lines] == [
+            ("0", f"rank 0 on {host_of['0']}"),
+            ("1", f"rank 1 on {host_of['1']}"),
+        ]
+        assert all(polylines >= 1 for _, polylines, _ in lines)
+        legend = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#legend li")]
+        assert legend == [f"rank 0 \u00b7 {host_of['0']}", f"rank 1 \u00b7 {host_of['1']}"]
+
+        # The CPU plane: its rounds' seconds, and each host's share of a round.
+        wait.until(
+            lambda _: browser.find_element(By.ID, "averaging").is_displayed() and drawn("round-chart") > 1
+        )
+        assert "rounds \u00b7 the last (round" in text("rounds-summary")
+        shares = {r[0]: r[1] for r in rows("shares")}
+        assert shares == {host_of["0"]: "33.3%", host_of["1"]: "66.7%"}
+
+        # The timeline: the window opened, both joins, the operator's start, the formation.
+        def timeline() -> list[tuple[str, str]]:
+            script = (
+                "return [...document.querySelectorAll('#timeline li')]"
+                ".map(li => [...li.children].map(c => c.textContent))"
+            )
+            return [(kind, what) for _, kind, what in browser.execute_script(script)]  # time, kind, text
+
+        events = timeline()[::-1]  # the page lists the newest first
+        assert events[0] == ("open", "join window opened (quorum 2, target 2, start manual)")
+        assert sorted(what.split()[1] for kind, what in events if kind == "join") == ["box-a", "box-b"]
+        assert ("start", "operator start accepted") in events
+        assert ("formed", "world formed: 2 ranks on 2 hosts; training") in events
+
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1100, int(height) + 120)  # the whole page in the screenshot
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shot = ARTIFACTS / "status-page-training.png"
         assert browser.save_screenshot(str(shot))
@@ -126,5 +190,6 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         go.write_text("")
         assert [b.result(60) for b in boxes] == [0, 0]
         wait.until(lambda _: text("phase") == "done")
+        wait.until(lambda _: timeline()[0] == ("verdict", "run complete: every host link closed"))
     finally:
         on(loop, ctl.close())

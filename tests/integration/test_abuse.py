@@ -34,24 +34,14 @@ from flodl_agent.controller import Controller
 from flodl_agent.http_surface import HttpLimits
 from flodl_agent.join_protocol import Challenged, JoinClient
 from flodl_agent.listener import Timeouts
-from tests.support import free_port
+from tests.support import free_port, remote_address
 from tests.support.control_plane import agent, run, settings, until
 
 TOKEN = "00112233445566778899aabbccddeeff"
 FDL = Path(sys.executable).with_name("fdl")
 
 
-def remote_address() -> str | None:
-    """An address of this box that is not loopback (the attacker's road in)."""
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.254", 9))  # no packet is sent: this only picks the outgoing interface
-        address = str(s.getsockname()[0])
-        if not address.startswith("127."):
-            return address
-    return None
-
-
-REMOTE = remote_address()
+REMOTE = remote_address()  # the attacker's road in
 needs_remote = pytest.mark.skipif(REMOTE is None, reason="needs a non-loopback address on this box")
 
 

@@ -56,6 +56,9 @@ EXITS: dict[str, set[int]] = {
     "plan": {0, 1, 2},
     "placement node": {0, 2},
     "placement resources": {0, 1, 2},
+    "libtorch list": {0, 1, 2},
+    "libtorch which": {0, 1, 2},
+    "libtorch acquire": {0, 1, 2},
 }
 # Larger than any file fdl reads whole (a config file's 4 MiB cap): the bounds must hold.
 BIG = Path(tempfile.mkdtemp(prefix="fdl-big-")) / "big.bin"
@@ -98,6 +101,8 @@ HELD: dict[str, dict[str, Any]] = {
     "nccl pin": {"last": ["--venv", "venv-missing"]},
     # Without --dry-run, `ray start --block` replaces this process.
     "placement node": {"last": ["--dry-run"]},
+    # A real variant is a torch download into a new venv (pip).
+    "libtorch acquire": {"values": {"variant": st.sampled_from(["", "cu1", "../x", "rocm", "auto;x"])}},
     # --ray connects to a Ray cluster (its own retries, no deadline of ours).
     "plan": {"omit": {"ray_address"}},
 }

@@ -18,7 +18,8 @@ import pytest
 
 from flodl_agent import wire
 from flodl_agent.agent import PERMANENT, TRANSIENT, AgentFailure, join
-from flodl_agent.controller import Controller, Settings
+from flodl_agent.controller import Controller
+from flodl_agent.controller_settings import Settings
 from flodl_agent.messages import Challenge, Hello
 from flodl_agent.messages import parse as parse_message
 from flodl_agent.window import WindowConfig
@@ -346,6 +347,21 @@ def test_a_failing_rank_fails_the_run() -> None:
         assert await walk_in(agent(ctl, "a", 1)) == TRANSIENT
         await ctl.finished.wait()
         assert ctl.exit_code == 1 and "exited with code 3" in (ctl.window.failure or "")
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_a_rank_killed_by_a_signal_is_named_by_the_signal() -> None:
+    async def scenario() -> None:
+        abort = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"]
+        logs: list[str] = []
+        ctl = Controller(settings(abort, quorum=1, target=1), log=logs.append)
+        await ctl.start()
+        assert await walk_in(agent(ctl, "a", 1)) == TRANSIENT
+        await ctl.finished.wait()
+        assert "rank 0 on a was killed by SIGABRT (-6)" in (ctl.window.failure or "")
+        assert any("rank 0 on a was killed by SIGABRT (-6)" in line for line in logs)
         await ctl.close()
 
     run(scenario)

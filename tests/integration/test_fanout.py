@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.config import ClusterBuilder
+from flodl_agent.agent_spec import decode
+from flodl_agent.config import Cluster, ClusterBuilder
 from flodl_agent.fanout import orphan_tag, plan, remote_command
 from tests.support import free_port
 from tests.support.sshd import Sshd, loopback_cluster
@@ -92,6 +93,10 @@ def test_tunnel_workers_dial_through_a_remote_forward() -> None:
     # the worker's loopback, forwarded back to where the controller listens on its box
     assert "-R" in p.argv and p.argv[p.argv.index("-R") + 1] == "127.0.0.1:7000:10.0.0.1:7000"
     assert b"127.0.0.1" in bytes.fromhex(p.stdin.decode().strip())
+    # the spec tells the agent it rides the forward: its hello says so (an NCCL plane refuses it)
+    assert decode(p.stdin.decode()).tunnel
+    direct = ClusterBuilder().controller("10.0.0.1").worker("node-a").build()
+    assert not decode(plan(direct.workers[0], direct, 7000, bytes(16)).stdin.decode()).tunnel
 
 
 def test_bind_all_controller_cannot_be_dialled() -> None:
@@ -135,3 +140,23 @@ def test_tunnel_only_binds_loopback_and_tunnels_every_worker() -> None:
     assert any("tunnel_only: binding 127.0.0.1 instead of 10.0.0.1" in line for line in logs)
     p = plan(cluster.workers[0], cluster, 1337, bytes(16), ctl.settings.bind)
     assert p.argv[p.argv.index("-R") + 1] == "127.0.0.1:1337:127.0.0.1:1337"
+
+
+def test_the_plane_comes_from_the_flag_then_the_file_and_nccl_refuses_a_tunnel_at_launch() -> None:
+    from flodl_agent.launcher import LaunchError, LaunchOptions, controller_for
+
+    def cluster(plane: str = "", **worker: object) -> Cluster:
+        builder = ClusterBuilder().controller("10.0.0.1").worker("node-a", local_devices=[0], **worker)
+        return (builder.plane(plane) if plane else builder).build()
+
+    nccl_file = cluster("nccl")
+    assert controller_for(cluster(), LaunchOptions(command=["true"]), print).settings.plane == "cpu"
+    assert controller_for(nccl_file, LaunchOptions(command=["true"]), print).settings.plane == "nccl"
+    assert controller_for(nccl_file, LaunchOptions(["true"], plane="cpu"), print).settings.plane == "cpu"
+    # --plane nccl over a file whose worker tunnels: refused before the window opens or anyone dials
+    with pytest.raises(LaunchError) as caught:
+        controller_for(cluster(tunnel=True), LaunchOptions(["true"], plane="nccl"), print)
+    assert (
+        "--plane nccl: cluster.workers[0].tunnel a tunnel carries only the CPU plane" in caught.value.message
+    )
+    assert "CPU mode" in caught.value.fix

@@ -2,8 +2,8 @@
 --libtorch` re-exec'd into the chosen venv (stdin intact for --spec-stdin), and an acquisition
 that fails leaves nothing that looks installed.
 
-The variant venvs are real venvs of this interpreter that see this checkout's site-packages
-(its CPU torch, its flodl-fleet) through a .pth line: the roles' venvs without the download.
+The variant venvs (tests/support/libtorch.py) are real venvs of this interpreter that see this
+checkout's site-packages (its CPU torch, its flodl-fleet): the roles' venvs without the download.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -21,31 +20,9 @@ from flodl_agent.errors import PERMANENT, TRANSIENT
 from flodl_agent.libtorch import acquire, installed, relocate
 from flodl_agent.retry import Permanent
 from tests.support import free_port
+from tests.support.libtorch import FDL, fdl_env, run_fdl, stand_in_nvidia_smi, variant_venv
 
-FDL = Path(sys.executable).parent / "fdl"
 pytestmark = pytest.mark.skipif(not FDL.exists(), reason="the fdl console script is not installed")
-
-
-def variant_venv(root: Path, name: str, with_torch: bool = True) -> Path:
-    """A venv at <root>/<name>; with torch: this checkout's site-packages, and a bin/fdl that
-    says which interpreter it runs in."""
-    where = root / name
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
-    if with_torch:
-        site = next(where.glob("lib/python3*/site-packages"))
-        (site / "_checkout.pth").write_text(
-            f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
-        )
-        fdl = where / "bin" / "fdl"
-        fdl.write_text(
-            f"#!{where}/bin/python\n"
-            "import sys\n"
-            "sys.stderr.write(f'fdl running in {sys.prefix}\\n')\n"
-            "from flodl_agent.cli import main\n"
-            "sys.exit(main())\n"
-        )
-        fdl.chmod(0o755)
-    return where
 
 
 @pytest.fixture(scope="module")
@@ -70,18 +47,7 @@ def test_installed_reads_each_venvs_torch_and_reports_a_broken_one(root: Path) -
 def join(
     root: Path, *args: str, stdin: str = "", tools: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    path = f"{tools}:{FDL.parent}:/usr/bin:/bin" if tools else f"{FDL.parent}:/usr/bin:/bin"
-    env = {"FLODL_LIBTORCH_ROOT": str(root), "PATH": path, "HOME": str(root)}
-    return subprocess.run(
-        [str(FDL), "join", *args],
-        input=stdin,
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_fdl(root, fdl_env(root, root, tools), "join", *args, stdin=stdin, timeout=60)
 
 
 def test_join_re_execs_into_the_chosen_variant(root: Path) -> None:
@@ -128,23 +94,6 @@ def test_a_failed_acquisition_leaves_nothing_that_looks_installed(
     assert lines == [f"libtorch cpu: pip install torch from {wheelhouse}"]
 
 
-NVIDIA_SMI = """#!/bin/sh
-case "$1" in
-  --query-gpu=*) echo "0, NVIDIA H200, 143771, 9.0" ;;
-  *) echo "| NVIDIA-SMI 570.86.15   Driver Version: 570.86.15   CUDA Version: 12.8 |" ;;
-esac
-"""
-
-
-def stand_in_nvidia_smi(where: Path) -> Path:
-    """A directory holding an nvidia-smi that answers as an H200 with driver CUDA 12.8."""
-    tools = where / "tools"
-    tools.mkdir()
-    (tools / "nvidia-smi").write_text(NVIDIA_SMI)
-    (tools / "nvidia-smi").chmod(0o755)
-    return tools
-
-
 def test_auto_on_an_nvidia_box_acquires_the_newest_variant_the_driver_runs(tmp_path: Path) -> None:
     """A stand-in nvidia-smi (an H200, driver CUDA 12.8), no variant installed, the sources a
     wheelhouse without torch: auto picks cu128 (cu130 is newer than the driver), tries it and
@@ -155,20 +104,8 @@ def test_auto_on_an_nvidia_box_acquires_the_newest_variant_the_driver_runs(tmp_p
     root = tmp_path / "libtorch"
     sources = {variant: str(wheels) for variant in ("cu126", "cu128", "cu130")}
     (tmp_path / "fdl.yml").write_text(f"join:\n  libtorch: auto\n  torch_sources: {sources}\n")
-    env = {
-        "FLODL_LIBTORCH_ROOT": str(root),
-        "PATH": f"{tools}:{FDL.parent}:/usr/bin:/bin",
-        "HOME": str(tmp_path),
-        "PIP_CONFIG_FILE": os.devnull,  # this machine's pip.conf adds a wheelhouse
-    }
-    proc = subprocess.run(
-        [str(FDL), "join", "127.0.0.1:1", "--no-persist"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    proc = run_fdl(
+        tmp_path, fdl_env(root, tmp_path, tools), "join", "127.0.0.1:1", "--no-persist", timeout=120
     )
     assert "libtorch auto: no installed variant covers GPU 0 (sm_90)" in proc.stderr
     assert "acquiring cu128" in proc.stderr

@@ -70,9 +70,21 @@ def test_ranks_progress_reaches_state_json_and_metrics(tmp_path: Path) -> None:
         assert all(v > 0 for _, v in m["flodl_rank_steps"])
         assert sorted(labels["host"] for labels, _ in m["flodl_heartbeat_age_seconds"]) == ["box-a", "box-b"]
 
+        status, history = await asyncio.to_thread(get_json, ctl, "GET", "/history.json")
+        assert status == 200 and set(history["ranks"]) == {"0", "1"}
+        for line in history["ranks"].values():
+            t, loss, rate = line["points"][-1]
+            assert abs(t - state["now"]) < 60 and 0 < loss <= 1 and rate > 0  # wall-clock times
+        kinds = [(e["kind"], e["text"]) for e in history["timeline"]["events"]]
+        assert kinds[0][0] == "open" and ("formed", "world formed: 2 ranks on 2 hosts; training") in kinds
+        assert sorted(text.split()[1] for kind, text in kinds if kind == "join") == ["box-a", "box-b"]
+        assert [kind for kind, text in kinds if "box-a" in text].count("refusal") == 1  # the twin
+
         go.write_text("")
         assert await asyncio.gather(*boxes) == [0, 0]
         await ctl.finished.wait()
+        _, history = await asyncio.to_thread(get_json, ctl, "GET", "/history.json")
+        assert history["timeline"]["events"][-1]["text"] == "run complete: every host link closed"
         await ctl.close()
 
     run(scenario)
@@ -90,6 +102,32 @@ def test_the_status_page_is_one_self_contained_file() -> None:
         assert "src=" not in text and "@import" not in text and "//" not in text.replace("// ", "")
         _, _, head = await asyncio.to_thread(get, ctl, "/metrics")
         assert b"flodl_window_phase" in head
+        await ctl.close()
+
+    run(scenario)
+
+
+# A rank that reports as it goes and ends within a second.
+SHORT = """
+import time
+from flodl_agent.metrics import report
+for step in range(1, 41):
+    report(step, loss=1.0 / step)
+    time.sleep(0.01)
+"""
+
+
+def test_a_run_shorter_than_a_heartbeat_still_shows_its_final_progress_and_rate() -> None:
+    async def scenario() -> None:
+        ctl = Controller(settings([sys.executable, "-c", SHORT], quorum=1, target=1))
+        await ctl.start()
+        # No periodic beat during the run: what arrives comes with the first or the last beat.
+        assert await walk_in(replace(agent(ctl, "box-a"), heartbeat_every=3600.0)) == 0
+        await ctl.finished.wait()
+        final = ctl.board.ranks[0]
+        assert final.step == 40 and final.loss == 1.0 / 40
+        assert final.step_rate is not None and final.step_rate > 0  # the rank's own rate: one report suffices
+        assert ctl.board.history[0].points[-1][1:] == (1.0 / 40, final.step_rate)
         await ctl.close()
 
     run(scenario)

@@ -206,6 +206,44 @@ def test_walk_ins_run_the_published_entry_with_its_args_and_carry_its_run_identi
     assert sum(f"prepared run {manifest.run}" in line for line in logs) == 2
 
 
+def test_a_published_run_wins_over_a_walk_ins_own_command_and_the_controller_names_it(
+    tmp_path: Path,
+) -> None:
+    served = published(tmp_path, args=("--epochs", "3"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "own.py").write_text("raise SystemExit(4)")  # what the box would run on its own
+    manifest = read_manifest(served / "tree")
+    assert manifest is not None
+    said: list[str] = []
+
+    async def scenario() -> None:
+        ctl = Controller(
+            settings(
+                [sys.executable, "-c", "raise SystemExit(3)"], quorum=1, target=1, env={"OUT": str(out)}
+            ),
+            log=said.append,
+        )
+        await ctl.start()
+        box = replace(
+            agent(ctl, "pub"),
+            source=source(served),
+            stage=str(tmp_path / "stage"),
+            bin=str(tmp_path / "own.py"),
+            args=["--flag", "v"],
+        )
+        assert await walk_in(box) == 0
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0
+        await ctl.close()
+
+    run(scenario)
+    (rank,) = (json.loads(p.read_text()) for p in out.iterdir())
+    assert rank["argv"] == ["--epochs", "3"]  # the manifest's entry and arguments, not the box's
+    admitted = next(line for line in said if line.startswith("admitted pub"))
+    assert f"runs published run {manifest.run}: " in admitted and admitted.endswith("train.py --epochs 3")
+
+
 def test_boxes_that_fetched_across_a_publish_boundary_never_form_one_world(tmp_path: Path) -> None:
     served = published(tmp_path)
 

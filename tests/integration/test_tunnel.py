@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
+import yaml
+
 from flodl_agent.agent import AgentFailure, AgentOptions
-from flodl_agent.config import DeviceOffer, Ssh
+from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
 from tests.support.control_plane import run, settings, walk_in
 from tests.support.sshd import Sshd
@@ -20,13 +23,7 @@ def _through(server: Sshd, ctl: Controller, host: str) -> AgentOptions:
         controller_port=ctl.port,
         host=host,
         devices=DeviceOffer("cpu", cpus=1),
-        ssh=Ssh(
-            target="127.0.0.1",
-            port=server.port,
-            user="root",
-            identity_file=str(server.client_key),
-            options=server.options,
-        ),
+        ssh=server.door(),
     )
 
 
@@ -100,3 +97,37 @@ def test_a_host_key_that_does_not_match_the_pin_stops_the_tunnel(sshd: Sshd) -> 
         await ctl.close()
 
     run(scenario)
+
+
+def test_an_nccl_window_refuses_a_walk_in_through_the_door_for_good(sshd: Sshd, tmp_path: Path) -> None:
+    """The real `fdl join` through the guardrailed door: its hello says it rides a tunnel, and
+    an NCCL plane (which a port forward cannot carry) refuses it permanently, naming the CPU modes."""
+    said: list[str] = []
+    ended: list[tuple[int | None, str]] = []
+
+    async def scenario() -> None:
+        ctl = Controller(settings(quorum=1, target=1, plane="nccl"), log=said.append)
+        await ctl.start()
+        sshd.authorize(
+            f'restrict,port-forwarding,permitopen="127.0.0.1:{ctl.port}",command="/usr/sbin/nologin"'
+        )
+        door = {"target": "127.0.0.1", "port": sshd.port, "user": "root"}
+        door |= {"identity_file": str(sshd.client_key), "options": sshd.options}
+        (tmp_path / "fdl.yml").write_text(yaml.safe_dump({"join": {"ssh": door}}))  # what --ssh sets
+        agent = await asyncio.create_subprocess_exec(
+            *("fdl", "join", f"127.0.0.1:{ctl.port}", "--devices", "cpu:1", "--host", "door"),
+            cwd=tmp_path,
+            env={**os.environ, "NO_COLOR": "1"},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await agent.communicate()
+        ended.append((agent.returncode, stderr.decode()))
+        assert ctl.refused == {"tunnel_under_nccl": 1} and ctl.window.joined_ranks == 0
+        await ctl.close()
+
+    run(scenario)
+    ((returncode, stderr),) = ended
+    assert returncode == 2, stderr  # permanent: --persist would stop too
+    assert "refused: this box dials through an ssh tunnel" in stderr
+    assert "a port forward cannot carry" in stderr and "CPU mode" in stderr and "--plane cpu" in stderr
+    assert any(line.startswith("refused door: this box dials through an ssh tunnel") for line in said)

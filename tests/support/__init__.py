@@ -1,11 +1,13 @@
 """Helpers shared by the tests: test modules import from here, never from each other.
 
-This module: cluster files to problems or configs, free ports. By topic beside it:
-control_plane (a controller and walk-ins over loopback), sshd (a private OpenSSH server),
-lab (the podman lab's names and commands). Fixtures live in tests/conftest.py."""
+This module: cluster files to problems or configs, free ports, this box's non-loopback
+address. By topic beside it: control_plane (a controller and walk-ins over loopback), sshd
+(a private OpenSSH server), lab (the podman lab's names and commands). Fixtures live in
+tests/conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import textwrap
 
@@ -30,3 +32,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def remote_address() -> str | None:
+    """An address of this box that is not loopback: dialled from here, the controller sees a
+    remote peer (the dial guard and the per-peer cap apply, as they do to any real box)."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.254", 9))  # no packet is sent: this only picks the outgoing interface
+        address = str(s.getsockname()[0])
+        if not address.startswith("127."):
+            return address
+    return None

@@ -13,7 +13,8 @@ from typing import Any
 
 from flodl_agent.agent import AgentFailure, AgentOptions, join_once
 from flodl_agent.config import DeviceOffer
-from flodl_agent.controller import Controller, Settings
+from flodl_agent.controller import Controller
+from flodl_agent.controller_settings import Settings
 from flodl_agent.window import WindowConfig
 
 OK = [sys.executable, "-c", "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"]

@@ -10,7 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from flodl_agent.config import ClusterBuilder
+from flodl_agent.config.models import Ssh
 from tests.support import free_port
 
 SSHD = Path("/usr/sbin/sshd")
@@ -43,6 +44,16 @@ class Sshd:
     def options(self) -> list[str]:
         return [f"UserKnownHostsFile={self.known_hosts}", "StrictHostKeyChecking=yes"]
 
+    def door(self) -> Ssh:
+        """A join block's ssh: for this server as the door (root on loopback, the client key)."""
+        return Ssh(
+            target="127.0.0.1",
+            port=self.port,
+            user="root",
+            identity_file=str(self.client_key),
+            options=self.options,
+        )
+
     def authorize(self, line_prefix: str = "") -> None:
         """Authorize the client key, optionally behind key options (the door recipe)."""
         key = self.client_key.with_suffix(".pub").read_text().strip()
@@ -67,8 +78,9 @@ def _keygen(path: Path) -> None:
 
 
 @contextmanager
-def serve(home: Path) -> Iterator[Sshd]:
-    """An sshd in ``home`` (created here) for the length of the block; the client key authorized."""
+def serve(home: Path, env: Mapping[str, str] | None = None) -> Iterator[Sshd]:
+    """An sshd in ``home`` (created here) for the length of the block; the client key authorized.
+    ``env``: set in every session (sshd's SetEnv), e.g. a PATH with fake vendor tools first."""
     home.mkdir()
     _keygen(home / "host_key")
     _keygen(home / "client_key")
@@ -82,6 +94,7 @@ def serve(home: Path) -> Iterator[Sshd]:
         f"AuthorizedKeysFile {authorized}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nAllowTcpForwarding yes\n"
         "Subsystem sftp internal-sftp\nLogLevel ERROR\n"
+        + "".join(f"SetEnv {key}={value}\n" for key, value in (env or {}).items())
     )
     Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
     server = Sshd(port, home, home / "client_key", known, authorized)

@@ -10,7 +10,7 @@ from flodl_agent.messages import Hello, Plane
 NONCE = b"n" * 16
 
 
-def hello(host: str = "box", devices: list[str] | None = None, **fields: str) -> Hello:
+def hello(host: str = "box", devices: list[str] | None = None, **fields: str | bool) -> Hello:
     return Hello(
         nonce=NONCE,
         client_nonce=NONCE,
@@ -58,6 +58,32 @@ def test_refusals(members: list[Hello], candidate: Hello, plane: Plane, reason: 
 )
 def test_admitted(members: list[Hello], candidate: Hello, plane: Plane) -> None:
     assert check(Cohort.of(members), candidate, plane) is None
+
+
+# The tunnel carries the CPU plane only: (hello, plane, tunnel_only) -> refused?
+@pytest.mark.parametrize(
+    ("candidate", "plane", "tunnel_only", "refused"),
+    [
+        (hello(tunnel=True, **CUDA), "nccl", False, "this box dials through an ssh tunnel"),
+        (hello(**CUDA), "nccl", True, "this window admits through the ssh door alone (tunnel_only)"),
+        (hello(tunnel=True, **CUDA), "nccl", True, "this box dials through an ssh tunnel"),
+        # a tunnelled CPU box hears of the tunnel first: the CPU mode its fix names covers both
+        (hello(tunnel=True, devices=["cpu:0"]), "nccl", False, "this box dials through an ssh tunnel"),
+        (hello(tunnel=True, **CUDA), "cpu", False, None),
+        (hello(tunnel=True, devices=["cpu:0"]), "cpu", True, None),
+        (hello(**CUDA), "nccl", False, None),
+    ],
+)
+def test_an_nccl_plane_refuses_every_tunnelled_box(
+    candidate: Hello, plane: Plane, tunnel_only: bool, refused: str | None
+) -> None:
+    refusal = check(Cohort(), candidate, plane, tunnel_only)
+    if refused is None:
+        assert refusal is None
+        return
+    assert refusal is not None and refusal.code == "tunnel_under_nccl" and refusal.permanent
+    assert refused in refusal.reason and "a port forward cannot carry" in refusal.reason
+    assert "CPU mode" in refusal.fix and "--plane cpu" in refusal.fix
 
 
 def test_the_reference_leaves_with_its_member() -> None:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 
 from flodl_agent.agent import AgentFailure, AgentOptions, Attempt
 from flodl_agent.agent_spec import decode
 from flodl_agent.box import box_offer
-from flodl_agent.config import DeviceOffer
-from flodl_agent.messages import HostEnvelope, WorldFormed
+from flodl_agent.config import DeviceOffer, Ssh
+from flodl_agent.messages import Hello, HostEnvelope, WorldFormed
 from flodl_agent.offer import Offer
+from flodl_agent.prepare import Prepared
 
 
 def test_agent_spec_round_trip_and_refusals() -> None:
@@ -73,8 +77,8 @@ def test_a_card_the_build_has_no_kernel_for_is_refused_before_the_dial(
     assert offer.devices == ["cuda:0"] and offer.variant == "cu126"
 
 
-def test_rank_env_uses_the_road_this_join_took_and_the_entry_point_override() -> None:
-    options = AgentOptions(host="b", data_path="/flodl/data", env={"NCCL_DEBUG": "INFO"}, bin="/opt/b/train")
+def test_rank_env_uses_the_road_this_join_took() -> None:
+    options = AgentOptions(host="b", data_path="/flodl/data", env={"NCCL_DEBUG": "INFO"})
     attempt = Attempt(options, Offer(["cuda:0", "cuda:3"], ["A100", "A100"], "cu128"), lambda _: None)
     world = WorldFormed(
         world_size=5,
@@ -98,7 +102,72 @@ def test_rank_env_uses_the_road_this_join_took_and_the_entry_point_override() ->
     assert first["FLODL_CONTROLLER"] == "127.0.0.1:40111"
     assert first["NCCL_DEBUG"] == "INFO" and first["OMP_NUM_THREADS"] == "4"  # host env beats cluster env
     assert first["FLODL_DATA_PATH"] == "/flodl/data"
-    assert attempt.command(world) == ["/opt/b/train", "--epochs", "3"]
+
+
+LAUNCH = ["python3", "rank.py", "--epochs", "3"]
+
+
+@pytest.mark.parametrize(
+    ("bin_", "args", "prepared", "expected"),
+    [
+        # no command of its own: the launch's, whole
+        (None, [], None, LAUNCH),
+        # --bin PATH -- ARGS is the whole command: nothing of the launch's survives
+        ("/opt/b/train", ["--model", "resnet"], None, ["/opt/b/train", "--model", "resnet"]),
+        ("/opt/b/train", [], None, ["/opt/b/train"]),
+        ("./train", ["-v"], None, ["./train", "-v"]),  # as written: not `train`, which PATH would find
+        # a .py entry that is not executable runs under this interpreter (the variant's venv)
+        ("x.py", ["--flag", "v"], None, [sys.executable, "x.py", "--flag", "v"]),
+        # a published run this box fetched is the authority over both
+        (
+            "/opt/b/train",
+            ["--x"],
+            Prepared(["/stage/train", "--y"], Path("/stage"), "ab" * 16),
+            ["/stage/train", "--y"],
+        ),
+        (None, [], Prepared(["/stage/train"], Path("/stage"), ""), ["/stage/train"]),
+    ],
+)
+def test_a_walk_ins_command_its_own_then_a_manifests_then_the_launchs(
+    bin_: str | None, args: list[str], prepared: Prepared | None, expected: list[str]
+) -> None:
+    options = AgentOptions(host="a", bin=bin_, args=args)
+    attempt = Attempt(options, Offer(["cpu:0"], ["cpu"], "cpu"), lambda _: None, prepared=prepared)
+    world = alone(1).model_copy(update={"command": LAUNCH})
+    assert attempt.command(world) == expected
+    # the hello shows the controller what runs when it is not the launch's command
+    own = attempt.hello()["command"]
+    assert own == ("" if expected == LAUNCH else shlex.join(expected))
+
+
+def test_an_executable_py_entry_runs_as_itself(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    attempt = Attempt(AgentOptions(host="a", bin=str(script)), Offer(["cpu:0"], ["cpu"], "cpu"), print)
+    assert attempt.command(alone(1)) == [str(script)]
+
+
+def test_the_hello_says_when_the_box_dials_through_a_tunnel() -> None:
+    offer = Offer(["cpu:0"], ["cpu"], "cpu")
+    direct = Attempt(AgentOptions(host="a"), offer, print).hello()
+    forward = Attempt(AgentOptions(host="a", ssh=Ssh(target="door")), offer, print).hello()  # --ssh
+    remote = Attempt(AgentOptions(host="a", tunnel=True), offer, print).hello()  # a launcher's ssh -R
+    assert (direct["tunnel"], forward["tunnel"], remote["tunnel"]) == (False, True, True)
+
+
+def test_a_shown_command_fits_the_hellos_bounds() -> None:
+    from flodl_agent.messages import COMMAND_SHOWN, shown_command
+
+    assert shown_command(["train", "--name", "a b"]) == "train --name 'a b'"
+    assert shown_command(["train", "line\nbreak\x1b[31m"]) == "train 'line?break?[31m'"
+    assert shown_command(["train", "ev\u202eil\x9b2J"]) == "train 'ev?il?2J'"  # bidi, C1: the hello's rule
+    long = shown_command(["train", "x" * 5000])
+    assert len(long) == COMMAND_SHOWN and long.endswith("…")
+    # what the agent sends, the controller parses
+    Hello.model_validate(
+        {"nonce": b"n" * 16, "client_nonce": b"c" * 16, "host": "a", "devices": ["cpu:0"], "command": long}
+    )
 
 
 def test_child_output_becomes_lines_whatever_the_child_writes() -> None:

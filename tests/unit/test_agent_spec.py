@@ -62,12 +62,28 @@ def test_unknown_fields_from_a_newer_launcher_are_ignored() -> None:
     assert decode(b'{"host": "h", "future": 1}'.hex()).host == "h"
 
 
+def test_a_workers_gpu_ram_share_travels_in_the_spec_and_stays_out_when_unset() -> None:
+    builder = ClusterBuilder().controller("h").worker("apu", gpu_ram_share=0.75, nccl_socket_ifname="eth0")
+    cluster = builder.worker("plain", nccl_socket_ifname="eth0").build()
+    apu, plain = (decode(encode(for_worker(w)).decode()) for w in cluster.workers)
+    assert apu.gpu_ram_share == 0.75
+    assert plain.gpu_ram_share is None and "gpu_ram_share" not in plain.model_dump(exclude_unset=True)
+
+
 def test_a_workers_arch_travels_as_the_specs_libtorch() -> None:
     cluster = ClusterBuilder().controller("10.0.0.1").worker("node-a", arch="precompiled/cu128").build()
     spec = decode(encode(for_worker(cluster.workers[0])).decode())
     assert spec.libtorch == "precompiled/cu128"
     unset = encode(for_worker(_cluster().workers[0]))
     assert b"libtorch" not in bytes.fromhex(unset.decode())  # no arch: the field stays out
+
+
+def test_a_workers_docker_travels_in_the_spec() -> None:
+    cluster = ClusterBuilder().controller("10.0.0.1").worker("node-a", docker="cuda").build()
+    assert decode(encode(for_worker(cluster.workers[0])).decode()).docker == "cuda"
+    assert for_worker(_cluster().workers[0]).docker is None
+    with pytest.raises(ValueError, match="agent spec"):
+        decode(AgentSpec().model_dump_json().replace("}", ', "docker": "-d"}').encode().hex())
 
 
 @pytest.mark.parametrize("bad", ["/opt/flodl/libtorch/cu126", "../cu126", "cu126//x", ""])

@@ -109,7 +109,7 @@ def test_show_json_has_capacity_ranks_and_window_and_hides_the_token(tmp_path: P
     assert shown["config"]["cluster"]["controller"]["join"]["token"] == "<redacted>"
     assert "0123456789abcdef" not in result.output
     table = run("config", "show", str(f))
-    assert table.exit_code == 0 and "[2..5)" in table.stdout and "0123456789abcdef" not in table.output
+    assert table.exit_code == 0 and "2\u20134" in table.stdout and "0123456789abcdef" not in table.output
 
 
 def test_schema_is_json_schema_that_accepts_the_examples_and_rejects_typos() -> None:
@@ -223,7 +223,10 @@ def test_options_after_the_command_or_after_dashes_are_the_run_s() -> None:
     assert sub.params["command"] == ("python", "train.py", "--lr", "1") and sub.params["port"] == 0
     join = ctx.command.get_command(ctx, "join")  # type: ignore[attr-defined]
     sub = join.make_context("join", ["127.0.0.1:1", "--devices", "cpu:1", "--", "--lr", "1"])
-    assert sub.params["args"] == ("--lr", "1") and sub.params["devices"] == "cpu:1"
+    assert sub.meta["tail"] == ["--lr", "1"] and sub.params["devices"] == "cpu:1"
+    # what follows `--` is the entry's arguments, never the ADDRESS (which fdl.yml may supply)
+    sub = join.make_context("join", ["--bin", "train.py", "--", "10.0.0.1:1", "--lr"])
+    assert sub.params["address"] is None and sub.meta["tail"] == ["10.0.0.1:1", "--lr"]
 
 
 @pytest.mark.parametrize(

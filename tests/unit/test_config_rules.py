@@ -209,6 +209,66 @@ def test_gpu_ram_share_must_be_positive_and_may_exceed_one() -> None:
     assert all("must be positive" in p.message for p in problems)
 
 
+PLANE = """
+cluster:
+  controller:
+    host: h
+    join: {discovery: true, min_rank_start: 1, tunnel_only: %s}
+  plane: %s
+  workers:
+    - host: a
+      tunnel: %s
+      local_devices: %s
+"""
+
+
+@pytest.mark.parametrize(
+    ("tunnel_only", "tunnel", "devices", "path", "line", "fragment"),
+    [
+        ("false", "true", "[0]", "cluster.workers[0].tunnel", 9, "a tunnel carries only the CPU plane"),
+        (
+            "true",
+            "false",
+            "[0]",
+            "cluster.controller.join.tunnel_only",
+            5,
+            "admits through the ssh door alone",
+        ),
+        ("false", "false", "cpu:2", "cluster.workers[0].local_devices", 10, "offers CPU ranks (cpu:2)"),
+    ],
+)
+def test_an_nccl_plane_refuses_what_cannot_carry_it(
+    tunnel_only: str, tunnel: str, devices: str, path: str, line: int, fragment: str
+) -> None:
+    problems = problems_of(PLANE % (tunnel_only, "nccl", tunnel, devices))
+    p = only(problems, path)
+    assert len(problems) == 1 and fragment in p.message and p.line == line
+    assert p.hint and "a CPU mode (plane: cpu, or fdl launch --plane cpu)" in p.hint
+    # the CPU plane carries all of it (unset is cpu)
+    assert problems_of(PLANE % (tunnel_only, "cpu", tunnel, devices)) == []
+    assert problems_of((PLANE % (tunnel_only, "cpu", tunnel, devices)).replace("  plane: cpu\n", "")) == []
+
+
+def test_an_nccl_plane_with_every_mistake_reports_each_and_a_bad_plane_is_named() -> None:
+    problems = problems_of(PLANE % ("true", "nccl", "true", "cpu:1"))
+    assert {p.path for p in problems} == {
+        "cluster.controller.join.tunnel_only",
+        "cluster.workers[0].tunnel",
+        "cluster.workers[0].local_devices",
+    }
+    assert problems_of(PLANE % ("false", "nccl", "false", "all")) == []
+    p = only(problems_of(PLANE % ("false", "gloo", "false", "all")), "cluster.plane")
+    assert "gloo" in p.message
+
+
+def test_join_args_need_an_entry_point() -> None:
+    p = only(problems_of("join:\n  args: [--model, resnet]\n", "fdl.yml"), "join.args")
+    assert "none is named" in p.message and p.line == 2
+    assert p.hint and "join.bin" in p.hint
+    assert problems_of("join:\n  bin: train.py\n  args: [--model, resnet]\n", "fdl.yml") == []
+    assert problems_of("join:\n  source: {from: 'file:///t'}\n  args: [--x]\n", "fdl.yml") == []
+
+
 def test_worker_host_names_are_unique(two_workers: str) -> None:
     p = only(problems_of(two_workers.replace("node-b", "node-a")), "cluster.workers[1].host")
     assert "already cluster.workers[0].host" in p.message and p.line == 8

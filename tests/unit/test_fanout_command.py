@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent import fanout
+from flodl_agent import variants
 from flodl_agent.agent_spec import decode
 from flodl_agent.config import ClusterBuilder
 from flodl_agent.fanout import fdl_candidates, plan, remote_command, run_fdl
@@ -79,7 +79,7 @@ def test_without_arch_nothing_changes(world: Path) -> None:
 
 def test_without_a_path_arch_means_the_roles_layout(world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = world / "opt flodl"
-    monkeypatch.setattr(fanout, "ROLE_HOME", str(home))
+    monkeypatch.setattr(variants, "ROLE_HOME", str(home))
     done = _run(run_fdl(None, "probe", "cpu"), world / "global")
     assert done.stdout == "path: probe\n" and "falling back" in done.stderr  # not provisioned there
     _fake_fdl(home / "libtorch" / "cpu", "role")

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from flodl_agent.gpus import (
+    AmdAccess,
     Card,
     Gpu,
+    amd_access,
     amd_arch,
     by_vendor,
     compute_cap_arch,
@@ -187,3 +189,41 @@ def test_cards_carry_torch_names_and_one_arch_spelling(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.version, "hip", "6.4.1", raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
     assert read_cards(1) == [Card(0, "A40", "gfx90a")]
+
+
+def amd_root(root: Path, *, devices: bool = True) -> Path:
+    """A box's root as AMD facts are read from it: a KFD topology of two GPUs (and the CPU node)."""
+    for node, version in {"0": 0, "1": 90402, "2": 90010}.items():
+        (root / "sys/class/kfd/kfd/topology/nodes" / node).mkdir(parents=True)
+        (root / "sys/class/kfd/kfd/topology/nodes" / node / "properties").write_text(
+            f"gfx_target_version {version}\n"
+        )
+    if devices:
+        (root / "dev/dri").mkdir(parents=True)
+        (root / "dev/kfd").write_bytes(b"")
+        (root / "dev/dri/renderD128").write_bytes(b"")
+    return root
+
+
+def test_amd_access_is_read_under_a_root(tmp_path: Path) -> None:
+    assert amd_access(tmp_path, path="") == AmdAccess()  # no KFD GPU: nothing else is looked at
+    root = amd_root(tmp_path / "box")
+    lib = root / "opt/rocm-6.4.0/lib/libamdhip64.so.6"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    (root / "run").mkdir()
+    (root / "run/.containerenv").write_text("")
+    facts = amd_access(root, path="")
+    assert facts.gpus == ["gfx942", "gfx90a"] and facts.kfd == "ok" and facts.render == {"renderD128": "ok"}
+    assert facts.runtime == [str(lib)] and facts.container == "podman"
+    assert set(facts.owners) == {"/dev/kfd", "/dev/dri/renderD128"} and facts.user and facts.groups
+
+
+def test_a_bare_amd_box_lacks_the_runtime_and_the_device_nodes(tmp_path: Path) -> None:
+    root = amd_root(tmp_path, devices=False)
+    facts = amd_access(root, path="")
+    assert (facts.kfd, facts.render, facts.runtime, facts.container) == ("missing", {}, [], "")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _tool(bin_dir, "rocminfo", "")
+    assert amd_access(root, path=str(bin_dir)).runtime == [str(bin_dir / "rocminfo")]

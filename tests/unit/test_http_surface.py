@@ -20,6 +20,9 @@ class Routes:
     def state_json(self) -> bytes:
         return b'{"phase": "waiting"}'
 
+    def history_json(self) -> bytes:
+        return b'{"ranks": {}}'
+
     def metrics(self) -> bytes:
         return b"flodl_up 1\n"
 
@@ -34,6 +37,9 @@ class Routes:
         ("GET", "/state.json", 200, JSON, False),
         ("HEAD", "/state.json", 200, JSON, True),
         ("GET", "/state.json?x=1", 200, JSON, False),
+        ("GET", "/history.json", 200, JSON, False),
+        ("HEAD", "/history.json", 200, JSON, True),
+        ("POST", "/history.json", 405, JSON, False),
         ("GET", "/", 200, HTML, False),
         ("GET", "/metrics", 200, PROMETHEUS_TEXT, False),
         ("HEAD", "/metrics", 200, PROMETHEUS_TEXT, True),

@@ -20,13 +20,14 @@ def test_a_round_completes_when_every_training_host_pushed_and_divides_once() ->
     assert done is not None and done.hosts == {"a", "b"} and done.weight == 6.0
     assert np.frombuffer(done.data, np.float32).tolist() == pytest.approx([14 / 6, 1.0])
     assert hub.rounds_done == 1
+    assert done.weights == {"a": 3.0, "b": 3.0}  # what each host brought: its share of the round
 
 
 def test_zero_weight_hosts_are_excluded_but_still_answered() -> None:
     hub = Hub({"a", "b"})
     hub.push("a", 0, 0.0, f32(100, 100))
     done = hub.push("b", 0, 2.0, f32(4, 2))
-    assert done is not None and done.hosts == {"a", "b"}
+    assert done is not None and done.hosts == {"a", "b"} and done.weights == {"a": 0.0, "b": 2.0}
     assert np.frombuffer(done.data, np.float32).tolist() == [2.0, 1.0]
 
 

@@ -9,6 +9,7 @@ import pytest
 from flodl_agent import wire
 from flodl_agent.join_protocol import (
     NEED_DATA,
+    RATE_LIMITED,
     Aborted,
     Accepted,
     Challenged,
@@ -150,6 +151,20 @@ def test_a_refusal_reaches_the_client_by_name() -> None:
         True,
     )
     assert server.state is client.state is State.REFUSED
+
+
+@pytest.mark.parametrize("split", [len(wire.RATE_LIMITED), 3])
+def test_a_rate_limited_dial_reads_a_transient_refusal_instead_of_a_challenge(split: int) -> None:
+    """The dial guard's fixed marker, whole or in pieces: known as soon as it is whole, so a
+    reset behind the close cannot hide it."""
+    client = JoinClient(TOKEN)
+    told = events(client, wire.RATE_LIMITED[:split])
+    if split < len(wire.RATE_LIMITED):
+        assert told == []  # a piece of it is not yet anything
+        told = events(client, wire.RATE_LIMITED[split:])
+    assert told == [Refused(RATE_LIMITED), Closed()]  # nothing more comes
+    assert not RATE_LIMITED.permanent and "rate-limited" in RATE_LIMITED.reason
+    assert client.state is State.REFUSED
 
 
 def hello_frame(server: JoinServer, kind: wire.Kind = wire.Kind.HELLO, **body: Any) -> bytes:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from flodl_agent.config import DeviceOffer
 from flodl_agent.errors import PERMANENT
-from flodl_agent.gpus import Card, Torch
-from flodl_agent.offer import Offer, covers, kernel_gap, resolve_offer, variant
+from flodl_agent.gpus import AmdAccess, Card, Torch
+from flodl_agent.offer import (
+    CONTAINER_DEVICES,
+    ROCM_INSTALL,
+    Gap,
+    Offer,
+    amd_gaps,
+    covers,
+    kernel_gap,
+    resolve_offer,
+    variant,
+)
 from flodl_agent.retry import Permanent
 
 CUDA = Torch(
@@ -143,3 +155,98 @@ def test_what_a_box_offers(
     offer: DeviceOffer, torch: Torch | None, cards: list[Card], expected: Offer
 ) -> None:
     assert resolve_offer(offer, torch, cards) == expected
+
+
+# A fresh AMD box's facts: two MI300X in the KFD topology, everything reachable, ROCm installed.
+AMD_BOX = AmdAccess(
+    gpus=["gfx942", "gfx942"],
+    kfd="ok",
+    render={"renderD128": "ok", "renderD129": "ok"},
+    owners={"/dev/kfd": "render", "/dev/dri/renderD128": "render", "/dev/dri/renderD129": "render"},
+    user="flodl",
+    groups=["flodl"],
+    runtime=["/opt/rocm-6.4.0/lib/libamdhip64.so.6"],
+)
+USERMOD = (
+    "sudo usermod -aG render,video flodl, then log in again "
+    "(a service user: restart its unit, e.g. flodl-join.service)"
+)
+DENIED = "the GPU devices are not openable by flodl (groups flodl): "
+
+
+@pytest.mark.parametrize(
+    ("facts", "hip", "gaps"),
+    [
+        (AmdAccess(), False, []),  # no AMD GPU: nothing AMD explains it
+        (AMD_BOX, False, []),  # reachable, with a runtime: not an AMD access problem
+        (
+            replace(AMD_BOX, runtime=[]),
+            False,
+            [
+                Gap(
+                    "this box has 2 AMD GPU(s) (gfx942, gfx942) but no ROCm userspace runtime (no "
+                    "libamdhip64, no rocminfo, and torch is not a ROCm build)",
+                    ROCM_INSTALL,
+                )
+            ],
+        ),
+        (replace(AMD_BOX, runtime=[]), True, []),  # a torch ROCm build bundles the runtime
+        (
+            replace(
+                AMD_BOX,
+                kfd="Permission denied",
+                render={"renderD128": "Permission denied", "renderD129": "ok"},
+            ),
+            False,
+            [Gap(DENIED + "/dev/kfd (Permission denied), /dev/dri/renderD128 (Permission denied)", USERMOD)],
+        ),
+        (  # added to the group, but this session predates it: the re-login is the fix
+            replace(AMD_BOX, kfd="Permission denied", listed=["render"]),
+            False,
+            [
+                Gap(
+                    DENIED + "/dev/kfd (Permission denied); flodl is in render, but this session started "
+                    "before that",
+                    USERMOD,
+                )
+            ],
+        ),
+        (
+            replace(AMD_BOX, kfd="missing", render={}, container="podman"),
+            False,
+            [
+                Gap(
+                    DENIED + "/dev/kfd (missing), /dev/dri/renderD* (missing)",
+                    f"this runs in a podman container: pass the devices and groups ({CONTAINER_DEVICES})",
+                )
+            ],
+        ),
+        (
+            replace(AMD_BOX, kfd="missing"),
+            False,
+            [
+                Gap(
+                    DENIED + "/dev/kfd (missing)",
+                    "the device nodes are missing: check that the amdgpu driver is loaded "
+                    "(dmesg | grep -i amdgpu)",
+                )
+            ],
+        ),
+    ],
+)
+def test_amd_gpus_out_of_reach_are_named_with_the_fix(facts: AmdAccess, hip: bool, gaps: list[Gap]) -> None:
+    assert amd_gaps(facts, hip) == gaps
+
+
+def test_no_usable_gpu_on_an_amd_box_says_every_cause_at_once() -> None:
+    fresh = replace(AMD_BOX, runtime=[], kfd="Permission denied", container="docker")
+    with pytest.raises(Permanent) as caught:
+        resolve_offer(DeviceOffer("all"), Torch(version="2.13.0+cpu"), [], fresh)
+    assert caught.value.message.startswith(
+        "no usable GPU: this box has 2 AMD GPU(s) (gfx942, gfx942) but no ROCm"
+    )
+    assert "; and the GPU devices are not openable by flodl" in caught.value.message
+    container = f"this runs in a docker container: pass the devices and groups ({CONTAINER_DEVICES})"
+    assert caught.value.fix == f"{ROCM_INSTALL}; {container}"
+    # Torch seeing the cards settles it, whatever the facts say.
+    assert resolve_offer(DeviceOffer("all"), ROCM, [Card(0, "MI210", "gfx90a")], fresh).devices == ["cuda:0"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from flodl_agent.agent_spec import AgentSpec
-from flodl_agent.config import Join, Publish
+from flodl_agent.config import Controller, Join, Publish
 from flodl_agent.options import (
     DEFAULT_ADDR,
     JoinFlags,
@@ -89,12 +89,20 @@ JOIN_LAYERS: list[tuple[str, Any, Any, Any, Any, Any]] = [
         lambda s: s.socket_ifname,
     ),
     (
-        "args",
-        ({"args": ("--f",)}, ["--f"]),
+        "args",  # arguments for this box's own entry point: each layer names one
+        ({"args": ("--f",), "bin": "/f/run"}, ["--f"]),
         None,
-        ({"args": ["--b"]}, ["--b"]),
+        ({"args": ["--b"], "bin": "/b/run"}, ["--b"]),
         [],
         lambda s: s.args,
+    ),
+    (
+        "tunnel",  # the box dials through an ssh forward: its own -L, or the launcher's -R
+        ({"ssh": "me@door"}, True),
+        ({"tunnel": True}, True),
+        ({"ssh": {"target": "door"}}, True),
+        False,
+        lambda s: s.tunnel,
     ),
     (
         "tls_fingerprint",
@@ -103,6 +111,14 @@ JOIN_LAYERS: list[tuple[str, Any, Any, Any, Any, Any]] = [
         ({"tls_fingerprint": PIN}, PIN),
         "",
         lambda s: s.tls_fingerprint,
+    ),
+    (
+        "docker",
+        ({"docker": "f"}, "f"),
+        ({"docker": "s"}, "s"),
+        ({"docker": "b"}, "b"),
+        "",  # the ranks run on the box itself (unless the cluster file's envelope names one)
+        lambda s: s.docker,
     ),
     (
         "persist",
@@ -170,6 +186,12 @@ def test_join_env_merges_the_block_under_the_spec_per_key() -> None:
     assert settings.env == {"A": "s", "B": "s", "C": "b"}
 
 
+def test_join_gpu_ram_share_takes_the_boxs_block_over_its_cluster_entry() -> None:
+    assert join(ADDR, {"gpu_ram_share": 0.75}, {}).gpu_ram_share == 0.75  # the worker entry (fan-out)
+    assert join(ADDR, {"gpu_ram_share": 0.75}, {"gpu_ram_share": 0.9}).gpu_ram_share == 0.9
+    assert join(ADDR, {}, {}).gpu_ram_share is None
+
+
 def test_join_passes_source_and_data_source_through_from_the_block() -> None:
     block = {"source": {"from": "file:///srv/run"}, "data_path": "/data", "data_source": "sshfs://h:/data"}
     settings = join({**ADDR}, {}, block)
@@ -190,10 +212,49 @@ def test_join_identity_applies_to_the_flag_or_the_blocks_ssh() -> None:
     assert join(ADDR | {"identity": key}, {}, {}).ssh is None  # no ssh to apply it to
 
 
-def test_join_local_args_the_controller_will_replace_get_a_note() -> None:
-    assert join(ADDR | {"args": ("--x",)}, {}, {}).notes  # the published manifest's args win
-    assert not join(ADDR | {"args": ("--x",)}, {}, {"args": ["--x"]}).notes
-    assert not join(ADDR, {}, {}).notes
+# A walk-in's command, as the flags and the join: block state it: (flags, block) -> (bin, args).
+# An entry and its arguments merge field by field; arguments alone name no entry point.
+WALK_IN_COMMANDS = [
+    ({}, {}, (None, [])),  # the launch's command
+    ({"bin": "x.py", "args": ("--flag", "v")}, {}, ("x.py", ["--flag", "v"])),
+    ({"bin": "x.py"}, {}, ("x.py", [])),
+    ({}, {"bin": "/b/train", "args": ["--model", "resnet"]}, ("/b/train", ["--model", "resnet"])),
+    (
+        {"args": ("--model", "vit")},
+        {"bin": "/b/train", "args": ["--model", "resnet"]},
+        ("/b/train", ["--model", "vit"]),
+    ),
+    (
+        {"bin": "/f/train"},
+        {"bin": "/b/train", "args": ["--model", "resnet"]},
+        ("/f/train", ["--model", "resnet"]),
+    ),
+    # with join.source the fetched run says what runs; the args feed a manifest-less source.bin
+    ({"args": ("--x",)}, {"source": {"from": "file:///t", "bin": "run"}}, (None, ["--x"])),
+]
+
+
+@pytest.mark.parametrize(("flags", "block", "expected"), WALK_IN_COMMANDS)
+def test_join_a_walk_ins_own_command(flags: dict[str, Any], block: dict[str, Any], expected: Any) -> None:
+    settings = join(ADDR | flags, {}, block)
+    assert (settings.bin, settings.args) == expected
+    assert not settings.notes
+
+
+def test_join_a_launchers_remote_forward_alone_marks_the_tunnel() -> None:
+    assert join(ADDR, {"tunnel": True}, {}).tunnel and not join(ADDR, {}, {}).tunnel
+
+
+def test_join_arguments_without_an_entry_point_are_refused() -> None:
+    with pytest.raises(OptionError) as caught:
+        join(ADDR | {"args": ("--model", "resnet")}, {}, {})
+    assert (caught.value.param, caught.value.kind) == ("ARGS", "refusal")
+    assert caught.value.fix and "--bin PATH" in caught.value.fix and "join.bin" in caught.value.fix
+
+
+def test_join_a_bin_flag_under_join_source_gets_a_note() -> None:
+    settings = join(ADDR | {"bin": "/f/train"}, {}, {"source": {"from": "file:///t"}})
+    assert settings.notes and "join.source names what runs" in settings.notes[0]
 
 
 @pytest.mark.parametrize(
@@ -204,6 +265,7 @@ def test_join_local_args_the_controller_will_replace_get_a_note() -> None:
         ({"ssh": "me@host:99999"}, "--ssh", "param", "`99999` is not a port"),
         (ADDR | {"devices": "gpu0"}, "--devices", "param", "`gpu0` is not a device offer"),
         (ADDR | {"pin": "sha256:xyz"}, "--tls-fingerprint", "param", ""),
+        (ADDR | {"docker": "--rm"}, "--docker", "param", "is not a compose service name"),
     ],
 )
 def test_join_refusals_name_the_flag(flags: dict[str, Any], param: str, kind: str, words: str) -> None:
@@ -388,3 +450,17 @@ def test_the_resolvers_import_neither_click_nor_asyncio() -> None:
     code = "import sys, flodl_agent.options; print(sorted({'click', 'asyncio'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_publish_builds_where_the_cluster_files_controller_says() -> None:
+    def gate(**controller: str) -> Any:
+        block = Controller.model_validate({"host": "h", **controller})
+        return resolve_publish(PublishFlags(spec="file:///src"), Publish(), block)
+
+    assert (gate().gate_docker, gate().gate_venv) == (None, None)  # this venv, the CPU variant
+    assert gate(arch="cu126").gate_venv == "/opt/flodl/libtorch/cu126"  # the role's home without a path
+    assert gate(arch="precompiled/cu128", path="/srv/x").gate_venv == "/srv/x/libtorch/precompiled/cu128"
+    assert gate(docker="cuda").gate_docker == "cuda"
+    with pytest.raises(OptionError) as both:
+        gate(docker="cuda", arch="cu126")
+    assert both.value.kind == "refusal" and "both docker and arch" in both.value.message

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from flodl_agent.cluster_probe import Report, across
 from flodl_agent.cluster_probe import as_json as cluster_json
 from flodl_agent.config import DeviceOffer
 from flodl_agent.config.models import Cluster, Join
-from flodl_agent.gpus import Torch
+from flodl_agent.data_root import data_findings
+from flodl_agent.gpus import AmdAccess, Torch
+from flodl_agent.offer import resolve_offer
 from flodl_agent.probe import Facts, Finding, check
+from flodl_agent.retry import Permanent
 
 CPU_TORCH = Torch(version="2.13.0+cpu", gloo=True)
 CUDA_TORCH = Torch(version="2.13.0+cu128", cuda="12.8", usable_gpus=2, nccl="2.27.3", gloo=True)
@@ -31,6 +36,24 @@ def test_a_cuda_torch_on_an_amd_box_and_a_gpu_build_on_a_cpu_box() -> None:
     assert levels(bare, "variant") == ["warn"]
     good = check(Facts(torch=CUDA_TORCH, gpus={"nvidia": ["A100", "A100"]}))
     assert levels(good, "variant") == [] and levels(good, "nccl") == ["ok"]
+
+
+def test_an_amd_box_out_of_reach_reads_as_the_agents_gate_words_it() -> None:
+    fresh = AmdAccess(gpus=["gfx942"], kfd="Permission denied", render={"renderD128": "ok"}, user="flodl")
+    found = [
+        f for f in check(Facts(torch=CPU_TORCH, gpus={"amd": ["AMD gfx942"]}, amd=fresh)) if f.check == "amd"
+    ]
+    with pytest.raises(Permanent) as caught:
+        resolve_offer(DeviceOffer("all"), CPU_TORCH, [], fresh)
+    gate = caught.value
+    assert [f.level for f in found] == ["fail", "fail"]  # no ROCm runtime; /dev/kfd denied
+    assert gate.message == "no usable GPU: " + "; and ".join(
+        f.message.removeprefix("no usable GPU: ") for f in found
+    )
+    assert gate.fix == "; ".join(f.fix for f in found)
+    assert "sudo usermod -aG render,video flodl" in found[1].fix
+    seen = Torch(version="2.13.0+rocm6.4", hip="6.4", usable_gpus=1)  # torch reaches the card: nothing to say
+    assert levels(check(Facts(torch=seen, gpus={"amd": ["AMD gfx942"]}, amd=fresh)), "amd") == []
 
 
 def test_no_torch_fails_a_worker_but_not_a_controller() -> None:
@@ -84,14 +107,32 @@ def test_the_data_root_missing_unreadable_or_its_mount_dead() -> None:
     def data(**d: object) -> list[Finding]:
         return [
             f
-            for f in check(Facts(torch=CPU_TORCH, data={"path": "/flodl/data", **d}), Join())
+            for f in check(Facts(torch=CPU_TORCH, data={"path": "/srv/data", **d}), Join())
             if f.check == "data"
         ]
 
     assert data(exists=False)[0].level == "fail"
     assert "not connected" in data(exists=True, error="not connected")[0].message
     assert data(exists=True, readable=False, error="Permission denied")[0].level == "fail"
-    assert data(exists=True, readable=True, entries=3)[0].level == "ok"
+    unsignable = data(exists=True, readable=True, entries=3, signature_error="Permission denied: /srv/data/x")
+    assert unsignable[0].level == "fail" and "signs it before every dial" in unsignable[0].message
+    (ok,) = data(exists=True, readable=True, entries=3, signature="ab" * 32)
+    assert ok.level == "ok" and "3 entries, signature abababababab" in ok.message
+
+
+def test_an_undeclared_convention_root_is_checked_never_required() -> None:
+    def data(**d: object) -> Finding:
+        (found,) = data_findings({"path": "/flodl/data", "declared": False, **d})
+        return found
+
+    absent = data(exists=False, readable=False)
+    assert absent.level == "ok" and absent.message.endswith("checked the convention root /flodl/data: absent")
+    there = data(exists=True, readable=True, entries=1, signature="ab" * 32)
+    assert there.level == "ok" and "signature abababababab" in there.message
+    assert "no FLODL_DATA_PATH" in there.message
+    locked = data(exists=True, readable=False, error="Permission denied")
+    assert locked.level == "warn" and "declare data_path" in locked.fix  # nothing declared it
+    assert data(exists=True, error="not connected").level == "fail"  # someone mounted it; it died
 
 
 def test_the_cache_on_tmpfs_or_nearly_full_is_reported_not_refused() -> None:
@@ -154,17 +195,34 @@ def test_across_the_cluster_torch_and_vendor_skew_warn() -> None:
     assert "cpu plane" in next(f.fix for f in found if f.check == "vendors")
 
 
-def test_across_the_cluster_the_data_root_must_agree() -> None:
-    good = {"path": "/data", "exists": True, "readable": True, "entries": 4}
-    stale = good | {"entries": 3}
-    gone = {"path": "/data", "exists": True, "readable": False, "error": "not connected"}
-    assert [(f.level, f.check) for f in across([_report("a", data=good), _report("b", data=good)])] == [
-        ("ok", "data")
-    ]
+def test_across_the_cluster_declared_data_roots_must_sign_the_same() -> None:
+    good = {"path": "/data", "declared": True, "exists": True, "readable": True, "entries": 4}
+    good |= {"signature": "ab" * 32}
+    other = good | {"signature": "cd" * 32}  # the same count of entries: a listing would agree
+    gone = {"path": "/data", "declared": True, "exists": True, "readable": False, "error": "not connected"}
+    (same,) = across([_report("a", data=good), _report("b", data=good)])
+    assert same.level == "ok" and "same on 2 boxes: signature abababababab (4 entries)" in same.message
     (diverged,) = across([_report("a", data=good), _report("b", data=gone)])
-    assert diverged.level == "fail" and "4 entries on a; not connected on b" in diverged.message
-    (listing,) = across([_report("a", data=good), _report("b", data=stale)])
-    assert listing.level == "warn" and "(/data) lists differently" in listing.message
+    assert diverged.level == "fail" and "(4 entries) on a; not connected on b" in diverged.message
+    (differs,) = across([_report("a", data=good), _report("b", data=other)])
+    assert differs.level == "fail" and "dataset mismatch" in differs.message
+    assert "signature abababababab (4 entries) on a; signature cdcdcdcdcdcd (4 entries) on b" in (
+        differs.message
+    )
+
+
+def test_across_the_cluster_convention_roots_warn_and_absent_ones_are_no_finding() -> None:
+    root = {"path": "/flodl/data", "declared": False, "exists": True, "readable": True, "entries": 2}
+    absent = {"path": "/flodl/data", "declared": False, "exists": False, "readable": False}
+    (differs,) = across(
+        [_report("a", data=root | {"signature": "ab"}), _report("b", data=root | {"signature": "cd"})]
+    )
+    assert differs.level == "warn" and "no data_path declared" in differs.message
+    assert "declare data_path" in differs.fix
+    assert across([_report("a", data=root | {"signature": "ab"}), _report("b", data=absent)]) == []
+    # A declared root and a convention root are never compared: admission would not either.
+    declared = root | {"declared": True, "path": "/data", "signature": "cd"}
+    assert across([_report("a", data=root | {"signature": "ab"}), _report("b", data=declared)]) == []
 
 
 def test_a_box_that_could_not_be_probed_fails_the_cluster() -> None:

@@ -130,3 +130,24 @@ def test_the_plane_and_the_progress_reports_reach_each_rank(tmp_path: Path) -> N
     assert [e["FLODL_METRICS_FILE"] for e in envs] == [str(reports[2]), str(reports[3])]
     assert all(e["FLODL_PLANE"] == "cpu" and e["FLODL_PLANE_DIR"] == str(tmp_path) for e in envs)
     assert "FLODL_METRICS_FILE" not in rank_envs(Box({}, ""), world(), ["cpu:0"], "h:1", 1)[0]
+
+
+def _enveloped(share: float | None) -> WorldFormed:
+    host = HostEnvelope(host="a", first_rank=0, count=1, gpu_ram_share=share)
+    return WorldFormed(world_size=1, host=host, group=0, hosts=1, command=["x"])
+
+
+@pytest.mark.parametrize(
+    ("own", "enveloped", "expected"),
+    [
+        (None, 0.5, "0.5"),  # what the cluster file says of the host
+        (0.9, 0.5, "0.9"),  # the box's own join.gpu_ram_share beats it
+        (0.9, None, "0.9"),
+        (None, None, None),  # neither: the rank's Trainer keeps its own default
+    ],
+)
+def test_gpu_ram_share_reaches_the_ranks_the_box_over_the_envelope(
+    own: float | None, enveloped: float | None, expected: str | None
+) -> None:
+    envs = rank_envs(Box({}, "", gpu_ram_share=own), _enveloped(enveloped), ["cuda:0"], "h:1", 1)
+    assert envs[0].get("FLODL_GPU_RAM_SHARE") == expected

@@ -13,6 +13,7 @@ from flodl_agent.ranks import (
     known_ranks,
     next_range,
     plan_window,
+    rank_span,
 )
 
 
@@ -76,3 +77,15 @@ def test_window_plan_defaults(
     plan = plan_window(JoinWindow.model_validate(knobs), capacity)
     assert (plan.quorum, plan.target) == (quorum, target)
     assert (plan.join_timeout, plan.max_join_timeout) == (300, 600)
+
+
+def test_ranks_read_as_people_count_them() -> None:
+    assert rank_span(range(1, 3)) == "1\u20132"  # both ends, an en dash: never [1..3)
+    assert rank_span(range(4, 5)) == "4"
+    assert rank_span(range(0)) == "none"
+    assert str(RankRange("a", 2, 3)) == "2\u20134"
+    assert [rank_span(range(*r), noun=True) for r in ((0, 2), (5, 6), (0, 0))] == [
+        "ranks 0\u20131",
+        "rank 5",
+        "no ranks",
+    ]

@@ -111,6 +111,12 @@ def clusters(draw: st.DrawFn) -> dict[str, Any]:
         cluster["env"] = draw(env)
     if draw(st.booleans()):
         cluster["gpu_ram_share"] = draw(shares)
+    if draw(st.booleans()):
+        # nccl only where nothing tunnels and no worker offers CPU ranks (the plane's rules)
+        meshable = not join.get("tunnel_only") and not any(
+            w.get("tunnel") or str(w["local_devices"]).startswith("cpu") for w in workers
+        )
+        cluster["plane"] = draw(st.sampled_from(["cpu", "nccl"] if meshable else ["cpu"]))
     return {"cluster": cluster}
 
 
@@ -129,7 +135,7 @@ join_blocks = st.fixed_dictionaries(
         ),
         "env": env,
     },
-)
+).map(lambda block: block | {"bin": "train"} if block.get("args") and "source" not in block else block)
 
 
 @settings(max_examples=150, deadline=None)

@@ -14,8 +14,10 @@ from flodl_agent.supervision import (
     Shutdown,
     Stalled,
     Supervisor,
+    exit_words,
     failure_budget,
     parse_max_failure,
+    ranks_failed,
 )
 
 RUNNING = "2 rank(s) still running"
@@ -157,3 +159,26 @@ def test_a_shutdown_clears_the_stalls_and_opens_no_new_ones() -> None:
     sup.round_opened(2, 102.0)
     assert sup.stalls == {}
     assert sup.rank_failed("rank 2 died", {2}, averaging=True, now=103.0) is None
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (3, "exited with code 3"),
+        (-6, "was killed by SIGABRT (-6)"),
+        (-9, "was killed by SIGKILL (-9)"),
+        (-99, "was killed by signal 99 (-99)"),  # a number no signal has
+    ],
+)
+def test_a_rank_exit_is_said_as_people_read_it(code: int, words: str) -> None:
+    assert exit_words(code) == words
+
+
+def test_the_failed_ranks_of_a_host_are_named_each_with_its_exit() -> None:
+    assert ranks_failed("box-a", {2: 0, 3: 1}) == (
+        "a rank failed on box-a: rank 3 exited with code 1; the run ended with errors"
+    )
+    assert ranks_failed("box-a", {5: -6, 4: 3}) == (
+        "ranks failed on box-a: rank 4 exited with code 3, rank 5 was killed by SIGABRT (-6); "
+        "the run ended with errors"
+    )

@@ -13,13 +13,16 @@ from flodl_agent.options import OptionError, resolve_libtorch
 from flodl_agent.retry import Permanent
 from flodl_agent.variants import (
     BoxGpus,
+    Choice,
     Venv,
     build_variant,
     choose,
+    coverage,
     default_source,
     fleet_argv,
     index_args,
     libtorch_root,
+    listing,
     parse_driver_cuda,
     parse_facts,
     pip_failure,
@@ -163,6 +166,8 @@ def test_a_venv_whose_torch_does_not_import_is_skipped_by_auto() -> None:
 def test_facts_parse_and_a_garbled_answer_is_an_error_not_a_crash() -> None:
     text = '{"version": "2.13.0+cu126", "cuda": "12.6", "hip": "", "archs": ["sm_80"], "error": ""}\n'
     assert parse_facts("a warning\n" + text) == Torch(version="2.13.0+cu126", cuda="12.6", archs=["sm_80"])
+    with_nccl = text.replace('"error"', '"nccl": "2.27.3", "error"')
+    assert parse_facts(with_nccl).nccl == "2.27.3"
     assert "printed no torch facts" in parse_facts("Segmentation fault").error
     assert [build_variant(t) for t in (CPU, CU126, CU128, ROCM64)] == ["cpu", "cu126", "cu128", "rocm6.4"]
 
@@ -224,6 +229,14 @@ def test_pip_failures_are_permanent_when_nothing_is_there_and_transient_otherwis
         "torch", "cu126", "https://x/whl", "Max retries exceeded ... Temporary failure in name resolution"
     )
     assert net.code == TRANSIENT and "https://x/whl" in net.message and "mirror" in net.fix
+    # pip, having reached no index, also ends with "no matching distribution": its retries say why
+    refused = (
+        "WARNING: Retrying (Retry(total=0, connect=None)) after connection broken by 'NewConnectionError"
+        "(... Failed to establish a new connection: [Errno 111] Connection refused)': /simple/torch/\n"
+        + missing
+    )
+    unreached = pip_failure("torch", "cu126", "http://10.0.0.9/simple", refused)
+    assert unreached.code == TRANSIENT and "Connection refused" in unreached.message
 
 
 # --- the join block and the flag -----------------------------------------------------
@@ -249,3 +262,65 @@ def test_the_libtorch_flag_beats_the_block_and_is_validated() -> None:
     with pytest.raises(OptionError) as caught:
         resolve_libtorch("cuda12", Join())
     assert caught.value.param == "--libtorch" and "is not a torch variant" in caught.value.message
+
+
+# --- the listing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("torch", "box", "expected"),
+    [
+        (CU126, BoxGpus([A40]), (True, "covers GPU 0 (sm_86)")),
+        (CU126, BoxGpus([A40, PRO6000]), (False, "no kernel for GPU 1 (sm_120)")),
+        (CPU, BoxGpus([A40]), (False, "a cpu build: no kernels for GPU 0 (sm_86)")),
+        (ROCM64, BoxGpus([A40]), (False, "a rocm6.4 build: no kernels for GPU 0 (sm_86)")),
+        (ROCM64, BoxGpus([MI300]), (True, "covers GPU 0 (gfx942)")),
+        (ROCM64, BoxGpus([W7900]), (False, "no kernel for GPU 0 (gfx1100)")),
+        (CU126, BoxGpus(), (None, "CPU ranks (no GPU on this box)")),
+        (
+            BROKEN,
+            BoxGpus([A40]),
+            (False, "torch does not import (ImportError: libcudart.so.12: cannot open shared object file)"),
+        ),
+    ],
+)
+def test_coverage_judges_a_venv_against_the_cards_as_auto_does(
+    torch: Torch, box: BoxGpus, expected: tuple[bool | None, str]
+) -> None:
+    assert coverage(venv("v", torch), box) == expected
+
+
+def test_the_listing_marks_the_running_venv_a_misnamed_one_and_what_auto_picks() -> None:
+    box = BoxGpus([A40], "12.6", "6.4.1\n")
+    venvs = [venv("cu126", CU126), venv("cu128", CPU), venv("rocm6.4", BROKEN)]
+    auto = choose("auto", venvs, box, DEV)
+    out = listing(venvs, DEV, box, ROOT, auto)
+    assert out["root"] == str(ROOT)
+    assert out["box"] == {
+        "gpus": [{"index": 0, "vendor": "nvidia", "name": "NVIDIA A40", "arch": "sm_86"}],
+        "driver_cuda": "12.6",
+        "rocm": "6.4.1",
+    }
+    rows = {row["name"]: row for row in out["variants"]}
+    assert list(rows) == ["cu126", "cu128", "rocm6.4", ".venv"]  # the running venv lives outside the root
+    assert rows["cu126"]["archs"] == ["sm_50", "sm_80", "sm_90"] and rows["cu126"]["covers"] is True
+    assert rows["cu128"]["note"] == "named cu128, holds a cpu build" and rows["cu128"]["covers"] is False
+    assert "libcudart" in rows["rocm6.4"]["problem"] and rows["rocm6.4"]["note"] == ""
+    assert [r["running"] for r in out["variants"]] == [False, False, False, True]
+    assert out["auto"] == {
+        "variant": "cu126",
+        "venv": str(ROOT / "cu126"),
+        "acquire": False,
+        "reason": "cu126 covers GPU 0 (sm_86)",
+    }
+    # the running venv under the root is listed once; a choice that failed is shown with its fix
+    inside = venv("cu126", CU126)
+    failed = Permanent("libtorch auto: no ROCm version is known", "set libtorch: rocm6.4")
+    again = listing([inside], inside, BoxGpus([W7900]), ROOT, failed)
+    assert [r["running"] for r in again["variants"]] == [True]
+    assert again["auto"] == {
+        "error": "libtorch auto: no ROCm version is known",
+        "fix": "set libtorch: rocm6.4",
+    }
+    acquire = listing([], DEV, BoxGpus(), ROOT, Choice("cpu", None, "a CPU box with no working torch venv"))
+    assert acquire["auto"]["acquire"] is True and acquire["auto"]["venv"] is None

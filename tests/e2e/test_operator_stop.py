@@ -1,0 +1,111 @@
+"""Ctrl-C (or SIGTERM) on `fdl launch` is the operator's stop, said as such: the controller
+logs it, every walk-in is told why and says so, and the launch exits 128 + the signal."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import free_port
+
+pytestmark = pytest.mark.skipif(shutil.which("fdl") is None, reason="the fdl console script is not on PATH")
+ENV = {**os.environ, "NO_COLOR": "1"}
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)  # polling what the operator would look at
+
+
+def state(port: int) -> dict[str, Any]:
+    """The controller's /state.json, or {} while nothing answers (polled in-process: cheap)."""
+    with contextlib.suppress(OSError, ValueError):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/state.json")
+        body: dict[str, Any] = json.loads(conn.getresponse().read())
+        conn.close()
+        return body
+    return {}
+
+
+def stopped(
+    tmp_path: Path, port: int, sig: signal.Signals, *, target: int, until: Callable[[], bool]
+) -> tuple[str, str, int]:
+    """Launch on ``port`` of loopback, walk one box in, send ``sig`` to the launch once ``until``
+    holds; the launch's log, the walk-in's log, and the walk-in's exit code."""
+    window = {"discovery": True, "min_rank_start": 1, "target_ranks": target, "join_timeout": 120}
+    cluster = {"cluster": {"controller": {"host": "127.0.0.1", "port": port, "join": window}}}
+    (tmp_path / "fdl.cluster.yml").write_text(json.dumps(cluster))
+    started = tmp_path / "started"
+    rank = [sys.executable, "-c", f"import time; open(r'{started}', 'w').close(); time.sleep(600)"]
+    launch = subprocess.Popen(
+        ["fdl", "launch", "--json", "--", *rank], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    walker = None
+    try:
+        wait_for(lambda: bool(state(port)))  # the window is open
+        walker = subprocess.Popen(
+            ["fdl", "join", f"127.0.0.1:{port}", "--host", "box-a", "--devices", "cpu:1"],
+            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_for(until)
+        launch.send_signal(sig)
+        code = launch.wait(timeout=60)
+        assert code == 128 + sig, launch.stderr.read() if launch.stderr else ""
+        walked = walker.wait(timeout=60)
+        assert launch.stdout is not None and launch.stderr is not None and walker.stderr is not None
+        report = json.loads(launch.stdout.read())
+        assert (
+            not report["ok"]
+            and report["reason"] == f"the operator stopped the launch ({sig.name} on the controller)"
+        )
+        return launch.stderr.read(), walker.stderr.read(), walked
+    finally:
+        for proc in (launch, walker):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_ctrl_c_mid_run_is_the_operators_stop_and_every_host_is_told(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    log, walk_in, code = stopped(tmp_path, free_port(), signal.SIGINT, target=1, until=started.exists)
+    assert "SIGINT: the operator stopped the launch; telling every host" in log
+    assert "launch stopped by the operator (SIGINT): exit 130" in log
+    assert "closed its link" not in log.split("SIGINT:")[1]  # no host is blamed for it
+    assert (
+        "the controller aborted the run: the operator stopped the launch (SIGINT on the controller)"
+        in walk_in
+    )
+    assert "went away" not in walk_in and code == 1  # transient: --persist re-dials into the next launch
+
+
+def test_sigterm_while_the_window_is_open_is_the_operators_stop_too(tmp_path: Path) -> None:
+    # Two ranks wanted, one box in: the window stays open with the walk-in waiting.
+    port = free_port()
+
+    def waiting() -> bool:
+        return state(port).get("joined_ranks") == 1
+
+    log, walk_in, code = stopped(tmp_path, port, signal.SIGTERM, target=2, until=waiting)
+    assert "launch stopped by the operator (SIGTERM): exit 143" in log
+    assert (
+        "the controller aborted the run: the operator stopped the launch (SIGTERM on the controller)"
+        in walk_in
+    )
+    assert code == 1
