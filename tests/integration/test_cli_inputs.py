@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -60,19 +61,14 @@ EXITS: dict[str, set[int]] = {
     "libtorch which": {0, 1, 2},
     "libtorch acquire": {0, 1, 2},
 }
-# Larger than any file fdl reads whole (a config file's 4 MiB cap): the bounds must hold.
-BIG = Path(tempfile.mkdtemp(prefix="fdl-big-")) / "big.bin"
-BIG.write_bytes(os.urandom(5 * 1024 * 1024))
-atexit.register(shutil.rmtree, BIG.parent, ignore_errors=True)
-generate(BIG.parent / "cert.pem", BIG.parent / "key.pem", ["127.0.0.1"])
-PEM = (BIG.parent / "cert.pem").read_text()  # `fdl tls fingerprint` gets a real one, and a mangled one
 DEADLINE = 60  # seconds one invocation may take (a launch of a valid mutant takes about one)
 
-# Flags held to values that stay on this box (whatever else they are given, these come last
-# and win, as click takes an option's last value), or left out, and why.
+# Flags held to what stays on this box, and why: put first or last in argv (click takes an
+# option's last value, so `last` wins over anything drawn), drawn only from a pool of values
+# that cannot reach further (`values`), or left out (`omit`).
 HELD: dict[str, dict[str, Any]] = {
-    # A valid mutant opens a real window (on a free port, for its 1 s hard cap); fan-out would
-    # ssh to its workers.
+    # A valid mutant opens a real window on loopback (the template's port 1, or a --port drawn)
+    # until its 1 s hard cap; fan-out would ssh to its workers.
     "launch": {"omit": {"fanout"}, "first": ["--no-fanout"]},
     "@": {
         "omit": {"fanout"},
@@ -108,6 +104,17 @@ HELD: dict[str, dict[str, Any]] = {
 }
 
 
+@functools.cache
+def shared() -> Path:
+    """Made once per session: a file larger than any fdl reads whole (a config file's 4 MiB
+    cap: the bounds must hold), and a real certificate for `fdl tls fingerprint`."""
+    where = Path(tempfile.mkdtemp(prefix="fdl-inputs-"))
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    (where / "big.bin").write_bytes(os.urandom(5 * 1024 * 1024))
+    generate(where / "cert.pem", where / "key.pem", ["127.0.0.1"])
+    return where
+
+
 def leaf_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> dict[str, click.Command]:
     found: dict[str, click.Command] = {}
     for name, command in group.commands.items():
@@ -129,7 +136,8 @@ def _paths(scratch: Path) -> st.SearchStrategy[str]:
     """Files and directories inside the scratch directory, and a few of the box's own."""
     files = ["config-0.yml", "config-1.yml", "fdl.yml", "fdl.cluster.yml"]
     odd = ["missing.yml", "sub", ".", "", "sub/missing/deeper"]
-    return st.sampled_from([*(str(scratch / n) for n in files * 3 + odd), "/dev/null", str(BIG)])
+    big = str(shared() / "big.bin")
+    return st.sampled_from([*(str(scratch / n) for n in files * 3 + odd), "/dev/null", big])
 
 
 def _value(param: click.Parameter, scratch: Path, held: dict[str, Any]) -> st.SearchStrategy[str]:
@@ -236,8 +244,9 @@ def drive(name: str, draw_argv: Callable[[Path], st.SearchStrategy[list[str]]]) 
             (scratch / "fdl.cluster.yml").write_bytes(files[3])
             (scratch / "fdl.x.yml").write_bytes(files[3])  # `fdl @x`
             (scratch / "sub").mkdir()
-            (scratch / "cert.pem").write_text(PEM)
-            (scratch / "mangled.pem").write_text(PEM.replace("A", "\u202e", 3))
+            pem = (shared() / "cert.pem").read_text()  # a real certificate, and a mangled one
+            (scratch / "cert.pem").write_text(pem)
+            (scratch / "mangled.pem").write_text(pem.replace("A", "\u202e", 3))
             argv = data.draw(draw_argv(scratch), label="argv")
             env = {"HOME": str(scratch), "FDL_DEBUG": None, "FDL_TOKEN": None, "FDL_TLS_FINGERPRINT": None}
             if data.draw(st.booleans(), label="env"):
@@ -247,7 +256,7 @@ def drive(name: str, draw_argv: Callable[[Path], st.SearchStrategy[list[str]]]) 
             with deadline(DEADLINE):
                 result = CliRunner().invoke(cli, argv, input=stdin + "\n", env=env)
         said = result.output
-        event(f"exit {result.exit_code}: {said.strip().splitlines()[-1][:90] if said.strip() else said}")
+        event(f"exit {result.exit_code}")  # --hypothesis-show-statistics: how the runs ended
         unexpected = result.exception is not None and not isinstance(result.exception, SystemExit)
         assert not unexpected, f"{argv!r} raised {result.exception!r} (exit 70 under `fdl`)"
         assert result.exit_code in EXITS[name], f"{argv!r} exited {result.exit_code}:\n{said[-2000:]}"
