@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from ..config import ConfigError, Loaded, Problem, load_config
 from ..credentials import read_token
+from ..names import printable
 from ..options import OptionError
 
 PROJECT_FILE = Path("fdl.yml")
@@ -53,7 +54,8 @@ def project_file(explicit: Path | None = None) -> Path | None:
 
 
 def log(line: str) -> None:
-    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(line)}")
+    # A line may quote a peer (a refusal's reason, a host name): no markup, nothing a terminal acts on.
+    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(printable(line))}")
 
 
 def fail(command: str, message: str, fix: str | None = None, code: int = 2) -> NoReturn:

@@ -19,7 +19,7 @@ from rich.live import Live
 from ..address import split_address
 from ..config import Cluster, ConfigError, load_config
 from ..options import OptionError, resolve_addr, resolve_pin
-from ..status import Unreachable, render, render_verdict, request
+from ..status import Unreachable, peer, render, render_verdict, request
 from ..tls import cert_fingerprint
 from ..verdict import last_verdict
 from .common import CLUSTER_FILE, emit_json, err, json_opt, option_error, out, token_or_exit
@@ -61,9 +61,9 @@ def target(addr: str | None, pin: str | None) -> tuple[str, str | None, str | No
     controller = (cluster.controller.host, cluster.controller.port) if cluster is not None else None
     try:
         pinned = resolve_pin(pin, os.environ, _cluster_pin(cluster))
+        address, note = resolve_addr(addr, controller, str(path))
     except OptionError as exc:
         option_error("status", exc)
-    address, note = resolve_addr(addr, controller, str(path))
     return address, pinned, note
 
 
@@ -143,9 +143,11 @@ def start(addr: str | None, pin: str | None, token_opt: str | None) -> None:
         err.print(f"fdl start: {exc}", style="red", markup=False)
         raise SystemExit(1) from None
     if reply.status in (200, 202):
-        out.print(f"armed: {reply.body.get('reason', 'start accepted')}", markup=False)
+        out.print(f"armed: {peer(reply.body.get('reason', 'start accepted'))}", markup=False)
         return
     err.print(
-        f"refused ({reply.status}): {reply.body.get('error', 'no reason given')}", style="red", markup=False
+        f"refused ({reply.status}): {peer(reply.body.get('error', 'no reason given'))}",
+        style="red",
+        markup=False,
     )
     raise SystemExit(1)

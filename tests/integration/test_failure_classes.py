@@ -173,7 +173,9 @@ def test_a_door_name_that_does_not_resolve_is_said_by_the_tunnel() -> None:
 
 
 def bind_refusal(bind: str, port: int) -> LaunchError:
-    cluster = ClusterBuilder().controller(bind, port=port).join(discovery=True, min_rank_start=1).build()
+    # A token: a network discovery window must let walk-ins verify (else the file is refused first).
+    join = {"discovery": True, "min_rank_start": 1, "token": "ab" * 16}
+    cluster = ClusterBuilder().controller(bind, port=port).join(**join).build()
     with pytest.raises(LaunchError) as caught:
         asyncio.run(launch(cluster, LaunchOptions(command=OK), lambda _: None))
     return caught.value
