@@ -40,7 +40,7 @@ from .prepare import Prepared
 from .publish import entry_command
 from .rank_env import rank_envs
 from .ranks import rank_span
-from .rendezvous import StreamRelay, serve_store
+from .rendezvous import StreamRelay, serve_store, warm_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from .streams import DIAL_TIMEOUT, dial, next_event, write_parts
 from .supervision import ranks_failed
@@ -101,6 +101,7 @@ class Attempt:
         self.log = log
         self.on_wait = on_wait  # True while admitted and waiting for the world (a spinner's cue)
         self.children: list[asyncio.subprocess.Process] = []
+        self._warm: asyncio.Future[None] | None = None  # the store's torch import, under way
         self.compose: ComposeRanks | None = None  # the ranks run in a compose service
 
     async def run(self, dial_host: str, dial_port: int) -> int:
@@ -152,6 +153,10 @@ class Attempt:
             f"admitted as {self.options.host}: {rank_span(range(first_rank, first_rank + count), noun=True)} "
             "(provisional); waiting for the world to form"
         )
+        if first_rank == 0:
+            # Rank 0's host serves the rendezvous store, whose torch import takes seconds:
+            # do it while the window fills, not after the world formed (ranks wait on it).
+            self._warm = asyncio.ensure_future(asyncio.to_thread(warm_store))
         self.on_wait(True)
         try:
             while not isinstance(event := await next_event(reader, client), Formed):
