@@ -68,8 +68,14 @@ class Hello(Msg):
 def shown_command(argv: list[str]) -> str:
     """``argv`` as a shell would read it, made fit for a hello's ``command``: control
     characters become ``?`` and a long line is cut (the tail marked with ``…``)."""
-    text = re.sub(r"[\x00-\x1f\x7f]", "?", shlex.join(argv))
-    return text if len(text) <= COMMAND_SHOWN else text[: COMMAND_SHOWN - 1] + "…"
+    return shown(shlex.join(argv), COMMAND_SHOWN)
+
+
+def shown(text: str, limit: int = 256) -> str:
+    """``text`` made fit for a ``Short`` field (or ``limit``): control characters become
+    ``?`` and a long line is cut, the tail marked with ``…``."""
+    text = re.sub(r"[\x00-\x1f\x7f]", "?", text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def vendor_of(variant: str) -> str:
@@ -121,6 +127,7 @@ class WorldFormed(Msg):
 class RankExited(Msg):
     rank: int
     code: int
+    error: Short = ""  # the rank never started, and why (its command missing, not executable)
 
 
 class Abort(Msg):
