@@ -420,7 +420,9 @@ class Controller:
             return
         if supervisor.all_exited(host) and self.traffic is not None:
             self.traffic.ranks_done(host)
-        ended = f"rank {exited.rank} on {host} {exit_words(exited.code)}"
+        # An agent whose ranks could not start says why: its command is missing, say.
+        how = f"could not start: {exited.error}" if exited.error else exit_words(exited.code)
+        ended = f"rank {exited.rank} on {host} {how}"
         self.note("exit", ended)
         if exited.code != 0 and self.window.phase == "training":
             self._rank_failed(ended, {exited.rank})

@@ -87,11 +87,15 @@ class Hello(Msg):
 
 
 def shown_command(argv: list[str]) -> str:
-    """``argv`` as a shell would read it, made fit for a hello's ``command``: what a terminal
-    would act on (``names.unprintable``'s rule) becomes ``?`` and a long line is cut (the tail
-    marked with ``…``)."""
-    text = "".join(c if c.isprintable() else "?" for c in shlex.join(argv))
-    return text if len(text) <= COMMAND_SHOWN else text[: COMMAND_SHOWN - 1] + "…"
+    """``argv`` as a shell would read it, made fit for a hello's ``command`` (:func:`shown`)."""
+    return shown(shlex.join(argv), COMMAND_SHOWN)
+
+
+def shown(text: str, limit: int = 256) -> str:
+    """``text`` made fit for a ``Short`` field (or ``limit``): what a terminal would act on
+    (``names.unprintable``'s rule) becomes ``?`` and a long line is cut, the tail marked ``…``."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def vendor_of(variant: str) -> str:
@@ -143,6 +147,7 @@ class WorldFormed(Msg):
 class RankExited(Msg):
     rank: int
     code: int
+    error: Short = ""  # the rank never started, and why (its command missing, not executable)
 
 
 class Abort(Msg):

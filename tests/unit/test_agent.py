@@ -173,7 +173,7 @@ def test_a_shown_command_fits_the_hellos_bounds() -> None:
 def test_child_output_becomes_lines_whatever_the_child_writes() -> None:
     import asyncio
 
-    from flodl_agent.agent import output_lines
+    from flodl_agent.rank_io import output_lines
 
     async def collect(data: bytes) -> list[str]:
         reader = asyncio.StreamReader()
