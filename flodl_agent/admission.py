@@ -4,7 +4,11 @@ The cohort's references (vendor, run identity, NCCL version, model and
 dataset signatures) are read off the members admitted so far, so a member
 leaving before formation takes its vote with it. Every refusal condemns only
 the dial that caused it, names the cause and the fix, and says whether
-re-dialling can help (transient) or not (permanent).
+re-dialling can help (transient) or not (permanent). Permanent is for what is
+wrong with the box itself (no name, no device, its NCCL against the cohort's);
+a box that does not fit this launch's plane or cohort (a tunnel, CPU ranks or
+another vendor under NCCL) is refused transiently, so a standing fleet's
+``--persist`` units stay up for the next launch.
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ _SIGNATURES = (
 TUNNEL_FIX = (
     "run the job in a CPU mode (fdl launch --plane cpu: gloo or a cpu_* ElChe mode averages "
     "through the controller, which a tunnel carries), or let this box reach the others directly "
-    "(no --ssh / join.ssh, no tunnel: true)"
+    "(no --ssh / join.ssh, no tunnel: true); --persist walks into the next CPU-plane launch"
 )
 
 
@@ -151,14 +155,13 @@ def check(cohort: Cohort, hello: Hello, plane: Plane, tunnel_only: bool = False)
                 f"{how}, and a tunnel carries only the CPU plane: an NCCL data plane needs a mesh "
                 "between the hosts, which a port forward cannot carry",
                 TUNNEL_FIX,
-                permanent=True,
             )
         if hello.vendor == "cpu":
             return Refusal(
                 "cpu_under_nccl",
                 "CPU devices cannot join an NCCL data plane",
-                "offer GPUs, or run the job in a CPU mode (gloo or a cpu_* ElChe mode)",
-                permanent=True,
+                "offer GPUs, or run the job in a CPU mode (gloo or a cpu_* ElChe mode); "
+                "--persist walks into the next launch that takes CPU ranks",
             )
         ref = cohort.reference("vendor")
         if ref is not None and ref.vendor != hello.vendor:
@@ -167,8 +170,8 @@ def check(cohort: Cohort, hello: Hello, plane: Plane, tunnel_only: bool = False)
                 f"GPU vendor mismatch: this box is {hello.vendor} ({hello.variant}), the cohort is "
                 f"{ref.vendor} ({ref.variant}, first joined by {ref.host})",
                 "a CUDA box and a ROCm box cannot share an NCCL/RCCL data plane; use a CPU ElChe mode "
-                "(which mixes vendors legally) or a one-vendor fleet",
-                permanent=True,
+                "(which mixes vendors legally) or a one-vendor fleet; --persist walks into the next "
+                "launch that fits",
             )
         ref = cohort.reference("nccl")
         if ref is not None and hello.nccl and _major_minor(ref.nccl) != _major_minor(hello.nccl):

@@ -91,8 +91,12 @@ class _JoinCommand(TailCommand):
 @click.option(
     "--tls-fingerprint", "pin", metavar="SHA256", help="The controller serves TLS: pin its certificate."
 )
-@click.option("--host", "host_name", help="This box's name in the roster (default: hostname).")
-@click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N (default: every GPU).")
+@click.option(
+    "--host",
+    "host_name",
+    help="This box's name in the roster (default: hostname): up to 253 characters, no spaces, / \\ : @.",
+)
+@click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N, at most 1024 (default: every GPU).")
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
 @click.option(
     "--bin",

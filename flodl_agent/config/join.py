@@ -12,10 +12,10 @@ from .fields import (
     Devices,
     Env,
     Fingerprint,
+    HostName,
     IfName,
     Libtorch,
     Model,
-    Name,
     Service,
     Share,
     SourceSpecText,
@@ -43,7 +43,7 @@ class Join(Model):
     )
     token: Token | None = Field(None, description="the run's join.token")
     ssh: Ssh | None = Field(None, description="dial through this sshd with a local forward")
-    host: Name | None = Field(None, description="this box's name in the roster (default: hostname)")
+    host: HostName | None = Field(None, description="this box's name in the roster (default: hostname)")
     devices: Devices | None = Field(None, description="devices offered (default: every GPU)")
     bin: str | None = Field(
         None, description="this box's own entry point: with args, its ranks' command (not the launch's)"
