@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config.models import Source, Ssh
+from .confine import entry_outside
 from .errors import PERMANENT, TRANSIENT, Failure
 from .net import DEAD_MOUNT, ssh_argv
 from .probe import dir_facts, dir_findings
@@ -124,15 +125,16 @@ def _fetch_failure(spec: SourceSpec, output: str) -> PrepareFailure:
     if "not available" in text or "protocol version mismatch" in text or "This service allows sftp" in text:
         return PrepareFailure(
             f"fetching {spec} refused: this box's key opens the join door for the tunnel only ({last})",
-            'give the key the door B line: restrict,command="rrsync -ro <served>" <key> '
-            "(flodl_controller_door_mode: rrsync), and fetch rsync://<user>@<controller>:/tree",
+            "give the key door B's line (flodl_controller_door_mode: rrsync, the controller role's "
+            "door-fetch as its command), and fetch rsync://<user>@<controller>:/",
             PERMANENT,
         )
     if "No such file or directory" in text or "change_dir" in text:
         hint = (
-            "behind rrsync -ro <served> the path is re-rooted: fetch rsync://<user>@<controller>:/tree"
-            if spec.path != "/tree"
-            else "nothing is published yet: run fdl publish on the controller"
+            "nothing is published yet: run fdl publish on the controller"
+            if spec.path == "/"
+            else "door B serves the published tree itself, at /: fetch rsync://<user>@<controller>:/ "
+            "(or, with a key that has no forced command, the tree's own path)"
         )
         return PrepareFailure(f"fetching {spec}: no such directory there ({last})", hint)
     return PrepareFailure(
@@ -394,6 +396,18 @@ def prepare(
     if entry is None:
         raise PrepareFailure(  # the published run's own failure: a publish with --bin fixes it
             "the run names no entry point (bin)", "publish with --bin; this box picks it up on its next dial"
+        )
+    outside = entry_outside(built, cwd, entry)  # a manifest comes over the network: check it here too
+    if outside is not None:  # the published run's own failure (a publish fixes it), or this box's join.source
+        raise PrepareFailure(
+            f"bin: {entry} {outside} (cwd {cwd}): this box runs nothing outside the fetched tree",
+            "bin names the entry point inside the tree, relative to cwd: "
+            + (
+                "publish again with it; this box picks it up on its next dial"
+                if manifest
+                else "fix join.source.bin"
+            ),
+            TRANSIENT if manifest else PERMANENT,
         )
     path = built / cwd / entry
     if not path.exists():

@@ -1,11 +1,14 @@
 """`fdl publish`: the controller is the authority over what a standing fleet runs.
 
-A source spec (``file://``, ``rsync://``, ``git+…#ref``) is mirrored into
-``<served>/tree``; a digest sidecar in ``sha256sum`` format is written at the
-tree's root (``.fdl-tree.sha256``: ``sha256sum -c`` checks a copy by hand);
-the build line runs once, as a gate, in a scratch copy (``<served>/gate``)
-with this box's own environment; and only then is the run manifest
-(``.fdl-run.yml``) written at the tree's root.
+A source spec (``file://``, ``rsync://``, ``git+…#ref``) is fetched into
+``<served>/incoming``, checked (no symlink leads out of it: :mod:`.confine`),
+and mirrored into ``<served>/tree``, the one directory door B serves; a digest
+sidecar in ``sha256sum`` format is written at the tree's root
+(``.fdl-tree.sha256``: ``sha256sum -c`` checks a copy by hand); the build line
+runs once, as a gate, in a scratch copy (``<served>/gate``) with this box's own
+environment; and only then is the run manifest (``.fdl-run.yml``) written at the
+tree's root. A git source is fetched shallow, exactly the pinned ref, into
+``<served>/checkout``: no history and no other branch is ever beside the tree.
 
 The manifest's presence is the commit point. Publish removes it before it
 touches the tree and writes it (atomically) only after the gate passed, so a
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import shlex
 import subprocess
@@ -33,6 +37,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .confine import describe_links, entry_outside, escaping_links, overlapping
 from .containers import ComposeError, run_in_service
 from .errors import Failure
 from .net import ssh_argv
@@ -41,7 +46,8 @@ from .sources import SourceSpec
 
 MANIFEST = ".fdl-run.yml"
 DIGEST_FILE = ".fdl-tree.sha256"
-TREE, GATE, CHECKOUT = "tree", "gate", "checkout"
+# <served>: tree/ is door B's root; the rest is the publish's own scratch, outside what any key reads.
+TREE, GATE, CHECKOUT, INCOMING = "tree", "gate", "checkout", "incoming"
 # Never published: our own files at the root, version control, caches, virtualenvs.
 EXCLUDES = (
     f"/{MANIFEST}",
@@ -60,6 +66,8 @@ SKIP_DIRS = frozenset(
     {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox"}
 )
 BUILD_TAIL = 20  # lines of a failed build shown
+# A hex word too short for a commit id: a fetch cannot name it without pulling every ref.
+ABBREVIATED = re.compile(r"[0-9a-f]{4,39}")
 
 
 class PublishError(Failure):
@@ -167,11 +175,9 @@ class PublishReport:
     build_output: str = ""
 
     def spellings(self, host: str, user: str = "flodl-join") -> dict[str, str]:
-        """How a worker names this tree: plain (a key without a forced command) and behind rrsync."""
-        return {
-            "plain": f"rsync://{user}@{host}:{self.tree}",
-            "rrsync": f"rsync://{user}@{host}:/{TREE}",
-        }
+        """How a worker names this tree: plain (a key without a forced command) and through door B,
+        whose root is the tree itself."""
+        return {"plain": f"rsync://{user}@{host}:{self.tree}", "rrsync": f"rsync://{user}@{host}:/"}
 
 
 def _run(
@@ -221,7 +227,8 @@ def _mirror(source: str, tree: Path, rsh: list[str] | None = None) -> None:
 
 
 def fetch_git(request: PublishRequest, served: Path) -> str:
-    """Check the pinned ref out into ``<served>/checkout``; the commit it resolved to."""
+    """Check the pinned ref out into ``<served>/checkout``, shallow: that one commit and no other
+    ref; the commit it resolved to."""
     spec = request.source
     assert spec.url is not None and spec.ref is not None
     checkout = served / CHECKOUT
@@ -234,24 +241,22 @@ def fetch_git(request: PublishRequest, served: Path) -> str:
         checkout.mkdir(parents=True, exist_ok=True)
         _run(["git", "init", "-q", str(checkout)], "preparing the checkout", "check the served directory")
     git = ["git", "-C", str(checkout)]
+    fetch = [*git, "fetch", "-q", "--force", "--no-tags", "--depth", "1", spec.url, spec.ref]
     try:
-        _run([*git, "fetch", "-q", "--force", spec.url, spec.ref], f"fetching {spec}", fix, env=env)
-        commit = _run([*git, "rev-parse", "FETCH_HEAD^{commit}"], "resolving the ref", fix).strip()
-    except PublishError:
-        # A commit id is not always served by name: fetch everything, then look it up.
-        _run(
-            [*git, "fetch", "-q", "--force", spec.url, "+refs/*:refs/flodl/*"],
-            f"fetching {spec}",
-            fix,
-            env=env,
-        )
-        try:
-            commit = _run([*git, "rev-parse", "--verify", "-q", f"{spec.ref}^{{commit}}"], "", fix).strip()
-        except PublishError:
+        _run(fetch, f"fetching {spec}", fix, env=env)
+    except PublishError as exc:
+        if ABBREVIATED.fullmatch(spec.ref):
+            raise PublishError(
+                f"{spec}: `{spec.ref}` is an abbreviated commit id: a fetch names a commit only in full",
+                f"pin the full id (git rev-parse {spec.ref}), a tag or a branch",
+            ) from None
+        if any(words in exc.message for words in ("remote ref", "not our ref", "unadvertised")):
             raise PublishError(
                 f"{spec}: `{spec.ref}` is not a branch, tag or commit of that repository",
-                "pin a ref that exists there (git ls-remote lists them)",
+                "pin a ref that exists there (git ls-remote lists them; a commit id in full)",
             ) from None
+        raise
+    commit = _run([*git, "rev-parse", "FETCH_HEAD^{commit}"], "resolving the ref", fix).strip()
     _run(
         [*git, "-c", "advice.detachedHead=false", "checkout", "-q", "--force", "--detach", commit],
         "checkout",
@@ -261,22 +266,42 @@ def fetch_git(request: PublishRequest, served: Path) -> str:
     return commit
 
 
-def _fetch(request: PublishRequest, tree: Path) -> str:
-    """Mirror the source into ``tree``; the origin to record."""
+def _fetch(request: PublishRequest, incoming: Path) -> str:
+    """Mirror the source into ``incoming`` (outside the door's reach); the origin to record."""
     spec = request.source
     if spec.scheme == "file":
         if not Path(spec.path).is_dir():
             raise PublishError(f"{spec}: no such directory on this box", "name a directory that exists here")
-        _mirror(spec.path, tree)
+        _mirror(spec.path, incoming)
         return str(spec)
     if spec.scheme == "rsync":
         destination = spec.ssh_destination
         assert destination is not None
-        _mirror(f"{destination}:{spec.path}", tree, rsh=_ssh_command(request, spec.port))
+        _mirror(f"{destination}:{spec.path}", incoming, rsh=_ssh_command(request, spec.port))
         return str(spec)
     commit = fetch_git(request, request.served)
-    _mirror(str(request.served / CHECKOUT), tree)
+    _mirror(str(request.served / CHECKOUT), incoming)
     return f"{spec} ({commit})"
+
+
+def _self_contained(incoming: Path) -> None:
+    """Refuse a fetched source whose symlinks lead out of it, before any of it is served."""
+    links = escaping_links(incoming)
+    if links:
+        raise PublishError(
+            f"the source holds {len(links)} symlink(s) that lead out of it: {describe_links(links)}",
+            "a published tree is self-contained (door B serves nothing outside it): replace each link "
+            "with what it names, or point it inside the tree; nothing was published",
+        )
+
+
+def _confined_bin(root: Path, request: PublishRequest) -> None:
+    why = entry_outside(root, request.cwd, request.bin) if request.bin else None
+    if why is not None:
+        raise PublishError(
+            f"bin: {request.bin} {why} (cwd {request.cwd})",
+            "bin names the entry point inside the tree, relative to cwd; nothing was published",
+        )
 
 
 @dataclass(frozen=True)
@@ -384,6 +409,7 @@ def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tu
                 build.failure(f" in {request.cwd}"), "fix the build and publish again; nothing was published"
             )
         output = build.output
+        _confined_bin(gate, request)  # again: the build may have made a directory link on the way
         entry = workdir / request.bin if request.bin else None
         if entry is not None and not entry.exists():
             raise PublishError(
@@ -421,14 +447,26 @@ def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tu
 
 
 def publish(request: PublishRequest, log: Callable[[str], None] = lambda _: None) -> PublishReport:
-    """Fetch, digest, gate, then commit the manifest. Raises PublishError (nothing published)."""
+    """Fetch, check, digest, gate, then commit the manifest. Raises PublishError (nothing published)."""
     served = request.served
+    spec = request.source
+    if spec.scheme == "file" and overlapping(Path(spec.path), served):
+        raise PublishError(
+            f"the served directory {served} and the source {spec} hold one another: every publish "
+            "would copy the tree into itself",
+            "serve from a directory outside the source (--to, publish.to; the default is ~/.flodl/run)",
+        )
     tree = served / TREE
     tree.mkdir(parents=True, exist_ok=True)
     # The commit point goes first: from here until the end, a box that fetches finds no run.
     (tree / MANIFEST).unlink(missing_ok=True)
     log(f"fetching {request.source} into {tree}")
-    origin = _fetch(request, tree)
+    incoming = served / INCOMING
+    incoming.mkdir(exist_ok=True)
+    origin = _fetch(request, incoming)
+    _self_contained(incoming)  # before any of it reaches the door
+    _confined_bin(incoming, request)
+    _mirror(str(incoming), tree)
     cwd = tree / request.cwd
     if not cwd.is_dir() or not cwd.resolve().is_relative_to(tree.resolve()):
         raise PublishError(

@@ -34,7 +34,12 @@ class _PublishCommand(TailCommand):
 @click.option("--bin", "entry", help="Entry point, relative to --cwd.")
 @click.option("--cwd", help="Project directory inside the tree (default: its root).")
 @click.option("--build", help="Build line, run once here as the gate (and by every worker).")
-@click.option("--to", "served", type=click.Path(path_type=Path, file_okay=False), help="Served directory.")
+@click.option(
+    "--to",
+    "served",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Publish directory: door B serves its tree/ (default: publish.to, else ~/.flodl/run).",
+)
 @click.option(
     "--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for rsync:// and git+ssh://."
 )
@@ -81,8 +86,11 @@ def publish(
     Everything after `--` is the run's arguments. Flags default from the publish: block of
     fdl.yml, field by field; a `--` tail replaces its args even when empty. The gate builds
     with this venv (the CPU variant), or where the cluster file's controller says: in its
-    docker compose service, or with its arch variant (<path>/libtorch/<arch>). Workers pick the
-    run up on their next dial. Exit 0 published, 1 otherwise (nothing published).
+    docker compose service, or with its arch variant (<path>/libtorch/<arch>). A published tree
+    is self-contained: a symlink that leads out of the source, a bin outside the tree, or a
+    publish directory inside the source is refused. A git SPEC is fetched shallow, that commit
+    alone (a commit id in full). Workers pick the run up on their next dial. Exit 0 published,
+    1 otherwise (nothing published).
     """
     from ..config import Publish
     from ..publish import PublishError, PublishRequest
@@ -170,7 +178,7 @@ def publish(
             else "not probed (the formation check compares models)",
         ),
         ("fetch", f"{spellings['plain']}   (a key without a forced command)"),
-        ("", f"{spellings['rrsync']}   (behind rrsync -ro <served>: the door B recipe)"),
+        ("", f"{spellings['rrsync']}   (through door B, whose root is the tree)"),
     ):
         table.add_row(f"[bold]{name}[/]", escape(value))
     out.print("[green]published[/]")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from flodl_agent.agent import AgentFailure
 from flodl_agent.config.models import Source, Ssh
@@ -23,7 +24,7 @@ from flodl_agent.prepare import PERMANENT, TRANSIENT, PrepareFailure, missing_pa
 from flodl_agent.publish import MANIFEST, PublishRequest, publish, read_manifest
 from flodl_agent.sources import parse_source
 from tests.support.control_plane import agent, run, settings, until, walk_in
-from tests.support.sshd import Sshd
+from tests.support.sshd import Sshd, door_fetch
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
 
@@ -145,6 +146,23 @@ def test_paths_that_cannot_exist_are_permanent(tmp_path: Path) -> None:
     assert entry.message == "the build succeeded but bin: target/train is not there (looked in pkg/)"
 
 
+def test_a_manifest_whose_entry_point_leaves_the_tree_is_refused(tmp_path: Path) -> None:
+    served = published(tmp_path)
+    written = served / "tree" / MANIFEST
+    manifest = yaml.safe_load(written.read_text())
+    for entry, why in (
+        ("/bin/true", "is an absolute path"),
+        ("../../../../bin/true", "leads out of the tree"),
+    ):
+        written.write_text(yaml.safe_dump(manifest | {"bin": entry}))  # the manifest is not in the digest
+        refused = failure(lambda: prepare(source(served), tmp_path / "stage"))
+        # The published run's own failure: transient, so a publish that fixes it is picked up.
+        assert refused.code == TRANSIENT and refused.message.startswith(f"bin: {entry} {why} (cwd pkg)")
+    (served / "tree" / MANIFEST).unlink()  # this box's own join.source.bin: what is wrong is the box's
+    local = failure(lambda: prepare(source(served, cwd="pkg", bin="/bin/true"), tmp_path / "stage"))
+    assert local.code == PERMANENT and local.fix.endswith("fix join.source.bin")
+
+
 def test_a_published_run_without_an_entry_point_is_that_runs_failure_not_the_boxs(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
@@ -169,24 +187,27 @@ def door(sshd: Sshd, command: str) -> Ssh:
     return Ssh(identity_file=str(sshd.client_key), options=sshd.options)
 
 
-def test_door_b_serves_the_tree_through_rrsync_and_names_the_spelling(tmp_path: Path, sshd: Sshd) -> None:
+def test_door_b_serves_the_tree_at_its_root_and_names_the_spelling(tmp_path: Path, sshd: Sshd) -> None:
     served = published(tmp_path)
-    ssh = door(sshd, f"/usr/bin/rrsync -ro {served}")
-    guarded = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:/tree"})
+    ssh = door(sshd, str(door_fetch(served, tmp_path / "door-fetch")))
+    guarded = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:/"})
     ready = prepare(guarded, tmp_path / "stage", ssh)
     assert ready.run == read_manifest(served / "tree").run  # type: ignore[union-attr]
-    plain = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:{served}/tree"})
-    wrong = failure(lambda: prepare(plain, tmp_path / "stage2", ssh))
-    assert "no such directory" in wrong.message and ":/tree" in wrong.fix and "re-rooted" in wrong.fix
+    for path in (f"{served}/tree", "/tree"):  # a key without a forced command's path; the old spelling
+        wrong = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:{path}"})
+        refused = failure(lambda spec=wrong: prepare(spec, tmp_path / "stage2", ssh))
+        assert (
+            "no such directory" in refused.message and "fetch rsync://<user>@<controller>:/ " in refused.fix
+        )
 
 
 def test_a_tunnel_only_key_refuses_the_fetch_naming_the_door_b_recipe(tmp_path: Path, sshd: Sshd) -> None:
     served = published(tmp_path)
     ssh = door(sshd, "/usr/sbin/nologin")
-    spec = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:/tree"})
+    spec = Source.model_validate({"from": f"rsync://root@127.0.0.1:{sshd.port}:/"})
     refused = failure(lambda: prepare(spec, tmp_path / "stage", ssh))
     assert refused.code == PERMANENT and "tunnel only" in refused.message
-    assert "rrsync -ro <served>" in refused.fix and ":/tree" in refused.fix
+    assert "flodl_controller_door_mode: rrsync" in refused.fix and "<controller>:/" in refused.fix
     assert served.exists()
 
 

@@ -145,6 +145,116 @@ def test_a_git_source_is_the_pinned_ref_not_the_branch_tip(tmp_path: Path) -> No
         publish(request(f"git+file://{repo}#no-such-tag", served))
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_git_publish_holds_the_pinned_commit_alone(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "secret.txt").write_text("deleted later, still in the history\n")
+    (repo / "train.py").write_text("v1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "with the secret")
+    leaked = git(repo, "rev-parse", "HEAD")
+    git(repo, "rm", "-q", "secret.txt")
+    git(repo, "commit", "-qm", "without it")
+    pinned = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-qb", "unpublished")
+    (repo / "wip.txt").write_text("not for the fleet\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "wip")
+    unpublished = git(repo, "rev-parse", "HEAD")
+    served = tmp_path / "served"
+    for ref in ("main", pinned):
+        report = publish(request(f"git+file://{repo}#{ref}", served, bin="train.py"))
+        assert report.manifest.origin.endswith(f"({pinned})")
+        checkout = served / "checkout"
+        # One commit, shallow, and no ref of its own: neither the history nor the other branch.
+        assert git(checkout, "rev-list", "--all", "--count") == "1"
+        assert git(checkout, "for-each-ref") == ""
+        for absent in (leaked, unpublished):
+            missing = subprocess.run(["git", "-C", str(checkout), "cat-file", "-e", absent], check=False)
+            assert missing.returncode != 0
+        assert sorted(p.name for p in (served / "tree").iterdir()) == sorted(
+            [DIGEST_FILE, MANIFEST, "train.py"]
+        )
+    # An abbreviated id cannot be fetched exactly (the old fallback pulled every ref): refused.
+    with pytest.raises(PublishError) as caught:
+        publish(request(f"git+file://{repo}#{unpublished[:10]}", served))
+    assert caught.value.message.endswith(
+        f"`{unpublished[:10]}` is an abbreviated commit id: a fetch names a commit only in full"
+    )
+    assert f"git rev-parse {unpublished[:10]}" in caught.value.fix
+    assert subprocess.run(["git", "-C", str(served / "checkout"), "cat-file", "-e", unpublished]).returncode
+
+
+def links(root: Path, **made: str) -> Path:
+    for name, target in made.items():
+        path = root / name.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("made", "named"),
+    [
+        ({"shared": "../../.."}, "shared -> ../../.."),
+        ({"etc": "/etc"}, "etc -> /etc"),
+        ({"loop": "loop"}, "loop -> loop"),  # resolves nowhere
+        # Each link alone stays in; the second goes through the first and out (resolved as the kernel does).
+        ({"pkg__up": "..", "out": "pkg/up/.."}, "out -> pkg/up/.."),
+    ],
+)
+def test_a_source_whose_links_leave_it_publishes_nothing(
+    tmp_path: Path, made: dict[str, str], named: str
+) -> None:
+    src, served = links(project(tmp_path / "src"), **made), tmp_path / "served"
+    with pytest.raises(PublishError) as caught:
+        publish(request(f"file://{src}", served, cwd="pkg", bin="train.py"))
+    assert "symlink(s) that lead out of it" in caught.value.message and named in caught.value.message
+    assert "self-contained" in caught.value.fix
+    # Refused before the door could serve any of it.
+    assert list((served / "tree").iterdir()) == [] and read_manifest(served / "tree") is None
+
+
+def test_links_inside_the_tree_are_published_as_links(tmp_path: Path) -> None:
+    src = links(
+        project(tmp_path / "src"), alias="pkg/train.py", pkg__up="..", venv__bin__python="/usr/bin/python3"
+    )
+    served = tmp_path / "served"
+    publish(request(f"file://{src}", served, cwd="pkg", bin="up/pkg/train.py"))  # venv/ is never published
+    tree = served / "tree"
+    assert (tree / "alias").readlink() == Path("pkg/train.py") and not (tree / "venv").exists()
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("/bin/true", "is an absolute path"),
+        ("../../../../bin/true", "leads out of the tree"),
+        ("up/../../bin/true", "leads out of the tree through a symlink"),  # pkg/up -> .. (the root)
+    ],
+)
+def test_bin_names_a_path_inside_the_tree(tmp_path: Path, entry: str, why: str) -> None:
+    src, served = links(project(tmp_path / "src"), pkg__up=".."), tmp_path / "served"
+    with pytest.raises(PublishError) as caught:
+        publish(request(f"file://{src}", served, cwd="pkg", bin=entry))
+    assert caught.value.message == f"bin: {entry} {why} (cwd pkg)"
+    assert read_manifest(served / "tree") is None
+
+
+def test_the_served_directory_and_a_file_source_never_hold_each_other(tmp_path: Path) -> None:
+    src = project(tmp_path / "src")
+    for served, spec in (
+        (src / "run", f"file://{src}"),
+        (tmp_path / "served", f"file://{tmp_path / 'served'}/tree"),
+    ):
+        with pytest.raises(PublishError) as caught:
+            publish(request(spec, served))
+        assert "hold one another" in caught.value.message
+    assert not (src / "run").exists()  # refused before anything was made
+
+
 def test_an_rsync_source_comes_over_ssh_with_the_host_key_pinned(tmp_path: Path, sshd: Sshd) -> None:
     src, served = project(tmp_path / "src"), tmp_path / "served"
     spec = f"rsync://root@127.0.0.1:{sshd.port}:{src}"
@@ -182,9 +292,7 @@ def test_the_cli_takes_defaults_from_the_publish_block_and_a_dash_tail_replaces_
     assert shown.exit_code == 0, shown.output
     report = json.loads(shown.output)
     assert report["published"] and report["manifest"]["args"] == ["--epochs", "3"]
-    assert report["fetch"]["rrsync"].endswith(":/tree") and report["fetch"]["plain"].endswith(
-        f":{served}/tree"
-    )
+    assert report["fetch"]["rrsync"].endswith(":/") and report["fetch"]["plain"].endswith(f":{served}/tree")
     emptied = runner.invoke(cli, ["publish", *config, "--json", "--"])
     assert json.loads(emptied.output)["manifest"]["args"] == []  # `--` with nothing after it: no args
     flagged = runner.invoke(cli, ["publish", *config, "--cwd", ".", "--bin", "README", "--", "--lr", "2"])

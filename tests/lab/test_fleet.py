@@ -114,13 +114,14 @@ def test_the_door_gives_no_shell_and_forwards_only_to_the_controller_port(lab: d
 def test_door_b_serves_the_tree_read_only(lab: dict[str, str]) -> None:
     on(CONTROLLER, "sh", "-c", "echo published > /opt/flodl/run/tree/marker")
     rsh = " ".join(DOOR)
-    listed = on(WORKERS[0], "rsync", "-e", rsh, "flodl-join@10.89.3.10:/tree/", user="flodl")
+    listed = on(WORKERS[0], "rsync", "-e", rsh, "flodl-join@10.89.3.10:/", user="flodl")
     assert listed.returncode == 0 and "marker" in listed.stdout, listed.stderr
+    assert " gate" not in listed.stdout and " checkout" not in listed.stdout  # the tree alone
     write = on(
         WORKERS[0],
         "sh",
         "-c",
-        f"echo x > /tmp/w && rsync -e '{rsh}' /tmp/w flodl-join@10.89.3.10:/tree/w",
+        f"echo x > /tmp/w && rsync -e '{rsh}' /tmp/w flodl-join@10.89.3.10:/w",
         user="flodl",
     )
     assert write.returncode != 0
@@ -229,7 +230,7 @@ def test_a_standing_fleet_picks_up_each_publish_on_its_next_dial(lab: dict[str, 
         assert done.returncode == 0 and json.loads(done.stdout)["published"], done.stdout + done.stderr
 
     # The workers fetch through door B (rrsync, the join key) on every dial.
-    source = json.dumps({"flodl_worker_source": {"from": "rsync://flodl-join@10.89.3.10:2222:/tree"}})
+    source = json.dumps({"flodl_worker_source": {"from": "rsync://flodl-join@10.89.3.10:2222:/"}})
     try:
         publish("--first")
         converged = play(lab, "site.yml", "-e", source)

@@ -6,6 +6,7 @@ the tests never turn host key checking off.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
 import yaml
 
 from flodl_agent.config import ClusterBuilder
@@ -23,6 +25,7 @@ from tests.support import free_port
 
 SSHD = Path("/usr/sbin/sshd")
 ROOT = Path(__file__).parents[2]
+DOOR_FETCH = ROOT / "roles" / "flodl_controller" / "templates" / "door_fetch.j2"
 
 
 def missing() -> str | None:
@@ -59,12 +62,17 @@ class Sshd:
         key = self.client_key.with_suffix(".pub").read_text().strip()
         self.authorized_keys.write_text(f"{line_prefix} {key}\n".lstrip())
 
-    def ssh(self, *remote: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    @property
+    def client(self) -> list[str]:
+        """ssh with the client key and the pinned host key (an rsync ``-e``, joined)."""
         argv = ["ssh", "-p", str(self.port), "-i", str(self.client_key), "-o", "BatchMode=yes"]
         for option in self.options:
             argv += ["-o", option]
+        return argv
+
+    def ssh(self, *remote: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*argv, "root@127.0.0.1", *remote],
+            [*self.client, "root@127.0.0.1", *remote],
             input=stdin,
             capture_output=True,
             text=True,
@@ -77,10 +85,24 @@ def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
 
+def door_fetch(served: Path, dest: Path) -> Path:
+    """The controller role's door B program, rendered as the role renders it for the publish
+    directory ``served`` (it serves ``served/tree``), executable at ``dest``."""
+    env = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps  # Ansible's filter of that name
+    text = env.from_string(DOOR_FETCH.read_text()).render(
+        ansible_managed="rendered by the tests", flodl_controller_served_dir=str(served)
+    )
+    dest.write_text(text)
+    dest.chmod(0o755)
+    return dest
+
+
 @contextmanager
-def serve(home: Path, env: Mapping[str, str] | None = None) -> Iterator[Sshd]:
+def serve(home: Path, env: Mapping[str, str] | None = None, extra: str = "") -> Iterator[Sshd]:
     """An sshd in ``home`` (created here) for the length of the block; the client key authorized.
-    ``env``: set in every session (sshd's SetEnv), e.g. a PATH with fake vendor tools first."""
+    ``env``: set in every session (sshd's SetEnv), e.g. a PATH with fake vendor tools first;
+    ``extra``: more sshd_config lines (a door's ForceCommand, say)."""
     home.mkdir()
     _keygen(home / "host_key")
     _keygen(home / "client_key")
@@ -95,6 +117,7 @@ def serve(home: Path, env: Mapping[str, str] | None = None) -> Iterator[Sshd]:
         "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nAllowTcpForwarding yes\n"
         "Subsystem sftp internal-sftp\nLogLevel ERROR\n"
         + "".join(f"SetEnv {key}={value}\n" for key, value in (env or {}).items())
+        + extra
     )
     Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
     server = Sshd(port, home, home / "client_key", known, authorized)
