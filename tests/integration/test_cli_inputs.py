@@ -60,6 +60,7 @@ EXITS: dict[str, set[int]] = {
     "libtorch list": {0, 1, 2},
     "libtorch which": {0, 1, 2},
     "libtorch acquire": {0, 1, 2},
+    "help": {0, 2},
 }
 DEADLINE = 60  # seconds one invocation may take (a launch of a valid mutant takes about one)
 
