@@ -292,6 +292,21 @@ Address = Annotated[str, AfterValidator(_address)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 Variant = Annotated[str, AfterValidator(_variant)]
 Token = Annotated[str, AfterValidator(_token)]
+
+
+def _host_key(value: str) -> str:
+    if not valid_token(value):
+        raise fail(
+            (
+                (),
+                f"must be 32 hex characters (got {len(value)} characters)",
+                "the worker role writes it (derived from the run's token for join.host): re-run site.yml",
+            )
+        )
+    return value.lower()
+
+
+HostKey = Annotated[str, AfterValidator(_host_key)]
 Fingerprint = Annotated[str, AfterValidator(_fingerprint)]
 IfName = Annotated[str, AfterValidator(_ifname)]
 Env = Annotated[dict[str, str], BeforeValidator(_coerce_env), AfterValidator(_env)]
