@@ -13,15 +13,14 @@ import asyncio
 import contextlib
 import os
 import random
-import re
 import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import wire
 from .address import join_address
@@ -32,15 +31,15 @@ from .config.models import Source, Ssh
 from .containers import ComposeRanks, check_service
 from .errors import CLEAN, PERMANENT, TRANSIENT
 from .join_protocol import Aborted, Accepted, Closed, Formed, JoinClient, JoinError, Message, Refused
-from .messages import Averaged, BadMessage, Stream, WorldFormed, shown_command
-from .metrics import read_reports
+from .messages import Averaged, BadMessage, HostEnvelope, Stream, WorldFormed, shown, shown_command
 from .net import keepalive
 from .offer import Offer
 from .prepare import Prepared
 from .publish import entry_command
 from .rank_env import rank_envs
+from .rank_io import CANNOT_EXECUTE, HEARTBEAT_EVERY, hang_up, heartbeat, output_lines, start_failure
 from .ranks import rank_span
-from .rendezvous import StreamRelay, serve_store
+from .rendezvous import StreamRelay, serve_store, warm_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from .streams import DIAL_TIMEOUT, dial, next_event, write_parts
 from .supervision import ranks_failed
@@ -52,9 +51,6 @@ BROKE_FIX = (
     "(permitopen)? Otherwise the controller went away; --persist re-dials"
 )
 KILL_GRACE = 5.0
-HEARTBEAT_EVERY = 5.0  # seconds between beats while ranks train (the controller waits 30 by default)
-FIRST_BEAT = 1.0  # seconds from the ranks' start to the first beat
-CLOSE_TIMEOUT = 10.0
 
 
 @dataclass
@@ -101,6 +97,7 @@ class Attempt:
         self.log = log
         self.on_wait = on_wait  # True while admitted and waiting for the world (a spinner's cue)
         self.children: list[asyncio.subprocess.Process] = []
+        self._warm: asyncio.Future[None] | None = None  # the store's torch import, under way
         self.compose: ComposeRanks | None = None  # the ranks run in a compose service
 
     async def run(self, dial_host: str, dial_port: int) -> int:
@@ -152,6 +149,10 @@ class Attempt:
             f"admitted as {self.options.host}: {rank_span(range(first_rank, first_rank + count), noun=True)} "
             "(provisional); waiting for the world to form"
         )
+        if first_rank == 0:
+            # Rank 0's host serves the rendezvous store, whose torch import takes seconds:
+            # do it while the window fills, not after the world formed (ranks wait on it).
+            self._warm = asyncio.ensure_future(asyncio.to_thread(warm_store))
         self.on_wait(True)
         try:
             while not isinstance(event := await next_event(reader, client), Formed):
@@ -222,7 +223,10 @@ class Attempt:
         cwd = self.prepared.cwd if self.prepared is not None else None
         service = self.options.docker or mine.docker  # the box's own value beats the cluster file's
         if service:
-            project = await check_service(service, self.options, cwd, world.env)
+            try:  # the cluster file's service, or the published tree's compose file: the run's own
+                project = await check_service(service, self.options, cwd, world.env, run=True)
+            except AgentFailure as exc:
+                await self._could_not_start(mine, reader, writer, client, exc, CANNOT_EXECUTE, exc.message)
             self.compose = ComposeRanks(project, self.options, world, self.offer.variant, cwd, self.log)
         self.log(
             f"world formed: {world.world_size} ranks; this host runs "
@@ -240,34 +244,21 @@ class Attempt:
             r: averager.directory / f"metrics-{r}.json"
             for r in range(mine.first_rank, mine.first_rank + mine.count)
         }
-        ranks = []
         envs = self.rank_env(world, road, store_port, plane, reports, inherit=self.compose is None)
         for local, env in enumerate(envs):
             try:
-                if self.compose is not None:
-                    proc = await self.compose.start(mine.first_rank + local, command, env, averager.directory)
-                else:
-                    proc = await asyncio.create_subprocess_exec(
-                        *command,
-                        env=env,
-                        cwd=cwd,
-                        stdout=asyncio.subprocess.PIPE,
-                        stderr=asyncio.subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-            except OSError as exc:
+                self.children.append(await self._spawn(mine.first_rank + local, command, env, cwd, averager))
+            except OSError as exc:  # the run's failure, not the box's: said to the controller, then re-dial
                 await relay.close()
                 await averager.close()  # its shared-memory directory goes with it
-                raise Permanent(
-                    f"cannot start the entry point {command[0]}: {exc.strerror}",
-                    "check --bin / the launch command on this box",
-                ) from None
-            self.children.append(proc)
-            ranks.append(
-                asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, client, averager))
-            )
+                await self._kill_children()
+                await self._could_not_start(mine, reader, writer, client, *start_failure(command, exc))
+        ranks = [
+            asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, client, averager))
+            for local, proc in enumerate(self.children)
+        ]
         abort = asyncio.ensure_future(self._watch_link(reader, client, relay, averager))
-        beat = asyncio.ensure_future(_heartbeat(writer, client, reports, self.options.heartbeat_every))
+        beat = asyncio.ensure_future(heartbeat(writer, client, reports, self.options.heartbeat_every))
         try:
             pending: set[asyncio.Future[Any]] = {abort, *ranks}
             while abort in pending and len(pending) > 1:
@@ -293,17 +284,44 @@ class Attempt:
             await relay.close()
             await averager.close()
             del store
-        # Half-close and wait for the controller to close in turn: only then are the
-        # exit reports known to have crossed every hop (a tunnel torn down early loses them).
-        await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-        with contextlib.suppress(TimeoutError, ConnectionError):
-            await asyncio.wait_for(_until_eof(reader), CLOSE_TIMEOUT)
+        await hang_up(reader, writer)
         if any(c != 0 for c in codes):
             self.log(ranks_failed(self.options.host, dict(enumerate(codes, mine.first_rank))))
             return TRANSIENT
         return CLEAN
+
+    async def _spawn(
+        self, rank: int, command: list[str], env: dict[str, str], cwd: Path | None, averager: AverageRelay
+    ) -> asyncio.subprocess.Process:
+        if self.compose is not None:
+            return await self.compose.start(rank, command, env, averager.directory)
+        return await asyncio.create_subprocess_exec(
+            *command,
+            env=env,
+            cwd=cwd,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    async def _could_not_start(
+        self,
+        mine: HostEnvelope,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: JoinClient,
+        failure: AgentFailure,
+        code: int,
+        why: str,
+    ) -> NoReturn:
+        """This host's ranks never started: tell the controller each one's end (``code`` as a
+        shell gives it, and why), hang up, and fail the attempt (transient unless the box is
+        at fault: --persist stays for the next run)."""
+        for rank in range(mine.first_rank, mine.first_rank + mine.count):
+            exited = {"rank": rank, "code": code, "error": shown(why)}
+            write_parts(writer, client.send(wire.Kind.RANK_EXITED, exited))
+        await hang_up(reader, writer)
+        raise failure
 
     async def _rank(
         self,
@@ -379,60 +397,14 @@ class Attempt:
                 await proc.wait()
 
 
-async def _heartbeat(
-    writer: asyncio.StreamWriter, client: JoinClient, reports: dict[int, Path], every: float
-) -> None:
-    """Tell the controller this host is alive while its ranks train (its watchdog's input),
-    with the ranks' latest progress reports (the status page's and /metrics' input).
-
-    The first beat comes after a second, not a period (the page shows progress as soon
-    as there is some), and a last one when the ranks end (their final step and loss)."""
-
-    def beat() -> None:
-        # msgpack maps take string keys only: the controller reads the ranks back as ints.
-        ranks = {str(rank): body for rank, body in read_reports(reports).items()}
-        write_parts(writer, client.send(wire.Kind.HEARTBEAT, {"ranks": ranks}))
-
-    try:
-        await asyncio.sleep(min(every, FIRST_BEAT))
-        while True:
-            beat()
-            await asyncio.sleep(every)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):  # a link already gone takes no last beat
-            if not writer.is_closing():
-                beat()
-        raise
-
-
-async def output_lines(stream: asyncio.StreamReader, longest: int = 16384) -> AsyncIterator[str]:
-    """A child's output as lines, whatever it writes: progress bars end lines with
-    \r, and a line longer than ``longest`` is cut rather than fatal."""
-    pending = b""
-    while chunk := await stream.read(65536):
-        pending += chunk
-        *complete, pending = re.split(rb"\r\n|\r|\n", pending)
-        for line in complete:
-            yield line.decode(errors="replace")
-        while len(pending) > longest:
-            yield pending[:longest].decode(errors="replace")
-            pending = pending[longest:]
-    if pending:
-        yield pending.decode(errors="replace")
-
-
-async def _until_eof(reader: asyncio.StreamReader) -> None:
-    while await reader.read(65536):
-        pass
-
-
 async def join_once(
     options: AgentOptions, log: Callable[[str], None], on_wait: Callable[[bool], None] = lambda _: None
 ) -> int:
     offer = box_offer(options.devices)
     options, prepared = await get_ready(options, log)
     if options.docker:  # before the dial: a box that cannot start its ranks must not take any
-        await check_service(options.docker, options, prepared.cwd if prepared else None, {})
+        cwd = prepared.cwd if prepared else None  # the published tree's compose file is the run's
+        await check_service(options.docker, options, cwd, {}, run=prepared is not None)
     attempt = Attempt(options, offer, log, on_wait, prepared)
     if options.ssh is None:
         return await attempt.run(options.controller_host, options.controller_port)

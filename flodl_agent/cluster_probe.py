@@ -185,7 +185,7 @@ async def _probe_worker(worker: Worker, path: str | None, timeout: float) -> Rep
         return Report(worker.host, error=f"no answer within {timeout:.0f}s")
     try:
         payload = json.loads(out)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json follows
         payload = None
     if not isinstance(payload, dict):  # ssh refused, no fdl there, or something else answered
         said = (errout or out).decode(errors="replace").strip().splitlines()

@@ -48,7 +48,7 @@ from .compose import (
 from .errors import Failure
 from .messages import vendor_of
 from .rank_env import Box, box_env
-from .retry import Permanent
+from .retry import Permanent, Transient
 
 if TYPE_CHECKING:
     from .agent import AgentOptions
@@ -71,6 +71,10 @@ _found: dict[tuple[str, str], Provider] = {}
 
 class ComposeError(Failure):
     """The compose service cannot be used: nothing was started in it."""
+
+
+class NoComposeTool(ComposeError):
+    """What the box lacks (no compose tool answers), not what a run names."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ def find_provider(env: Mapping[str, str], field: str) -> Provider:
     try:
         order = providers(wanted)
     except ValueError as exc:
-        raise ComposeError(f"{field}: {exc}", f"unset {PROVIDER_ENV}, or name one of those tools") from None
+        raise NoComposeTool(f"{field}: {exc}", f"unset {PROVIDER_ENV}, or name one of those tools") from None
     for candidate in order:
         if shutil.which(candidate.argv[0], path=path) is None:
             continue
@@ -116,7 +120,7 @@ def find_provider(env: Mapping[str, str], field: str) -> Provider:
             _found[(wanted, path)] = replace(candidate, engine=engine)
             return _found[(wanted, path)]
     names = ", ".join(p.name for p in order)
-    raise ComposeError(
+    raise NoComposeTool(
         f"{field}: no compose tool answers on this box (looked for {names}, in that order, each "
         "with its engine)",
         "install one (Debian: apt-get install podman-compose), or drop the field to run on the box itself",
@@ -200,9 +204,11 @@ def client_env(options: AgentOptions, world_env: Mapping[str, str]) -> dict[str,
 
 
 async def check_service(
-    service: str, options: AgentOptions, cwd: Path | None, world_env: Mapping[str, str]
+    service: str, options: AgentOptions, cwd: Path | None, world_env: Mapping[str, str], run: bool = False
 ) -> Project:
-    """Before anything starts: the tool, the project and the service (a Permanent failure)."""
+    """Before anything starts: the tool, the project and the service. A Permanent failure, but
+    for what ``run`` supplies (the cluster file's service, the published tree's compose file, the
+    launch's env): a Transient one, the run's own failure (the next run may be fine)."""
     where = (cwd or Path.cwd()).absolute()
     if where == Path("/"):
         raise Permanent(
@@ -211,15 +217,16 @@ async def check_service(
         )
     if options.data_path == "/":
         raise Permanent(f"{RANKS_FIELD}: data_path is /, which no container can mount", "name the data root")
+    kind = Transient if run else Permanent
     try:
         env_script({**world_env, **options.env})  # every name one a container can take
         return await asyncio.to_thread(
             find_project, service, where, client_env(options, world_env), RANKS_FIELD
         )
     except ValueError as exc:
-        raise Permanent(f"{RANKS_FIELD}: {exc}", "check the cluster's and this box's env:") from None
+        raise kind(f"{RANKS_FIELD}: {exc}", "check the cluster's and this box's env:") from None
     except ComposeError as exc:
-        raise Permanent(exc.message, exc.fix) from None
+        raise (Permanent if isinstance(exc, NoComposeTool) else kind)(exc.message, exc.fix) from None
 
 
 class ComposeRanks:

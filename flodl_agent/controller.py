@@ -35,6 +35,7 @@ from .join_protocol import Closed, HelloReceived, JoinServer, Message, WrongKey
 from .listener import Listener, Timeouts
 from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
+from .names import safe_lines
 from .placement.fleet import PlacementError
 from .placement.parallel import check_world
 from .ranks import RankRange, assign_contiguous, rank_span
@@ -71,7 +72,8 @@ class Controller:
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.log = log
+        # Log lines quote peers (host names, refusal reasons, ssh's words): never raw to a terminal.
+        self.log = log = safe_lines(log)
         self.timeouts = timeouts = timeouts or Timeouts()
         self.salt = wire.new_salt()
         self.key = wire.run_key(settings.token, self.salt)
@@ -426,7 +428,9 @@ class Controller:
             return
         if supervisor.all_exited(host) and self.traffic is not None:
             self.traffic.ranks_done(host)
-        ended = f"rank {exited.rank} on {host} {exit_words(exited.code)}"
+        # An agent whose ranks could not start says why: its command is missing, say.
+        how = f"could not start: {exited.error}" if exited.error else exit_words(exited.code)
+        ended = f"rank {exited.rank} on {host} {how}"
         self.note("exit", ended)
         if exited.code != 0 and self.window.phase == "training":
             self._rank_failed(ended, {exited.rank})

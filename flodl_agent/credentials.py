@@ -35,6 +35,13 @@ def token_from(option: str | None, stdin_line: str | None, env: Mapping[str, str
     """
     if option == "-":
         token, source = (stdin_line or "").strip(), "stdin"
+        if not token:
+            # Asked for a token and got none: running on without one would fail later, worse.
+            raise CredentialError(
+                "--token - read no token: stdin was empty; pipe the run's join.token in "
+                "(e.g. fdl join ADDRESS --token - < token.txt), or leave --token out for a run "
+                "without one"
+            )
     elif option is not None:
         raise CredentialError(
             "--token takes `-` (read the token from stdin); a token in argv is visible to every "

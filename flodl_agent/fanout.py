@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .address import is_bind_all, join_address, local_address
-from .agent import output_lines
 from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
 from .net import ssh_argv
+from .rank_io import output_lines
 from .variants import variant_venv
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .address import is_loopback, join_address
+from .config.join_window import LOCKED_OUT_FIX, locked_out_message, locks_walk_ins_out
 from .config.models import Cluster
 from .config.problems import format_path
 from .controller import Controller
@@ -143,6 +144,12 @@ def controller_for(
         # Reachability through the guardrailed sshd is the credential: nothing else may reach the port.
         log(f"tunnel_only: binding 127.0.0.1 instead of {bind}; walk-ins arrive through the join door")
         bind = "127.0.0.1"
+    if bind != cluster.controller.host and locks_walk_ins_out(join, bind):
+        # The file's own bind was checked when it loaded; --bind moved the window.
+        said = locked_out_message(bind, len(cluster.workers))
+        if not cluster.workers:
+            raise LaunchError(f"--bind {bind} {said}", LOCKED_OUT_FIX)
+        log(f"warning: --bind {bind} {said}")
     settings = Settings(
         window=window,
         command=options.command,

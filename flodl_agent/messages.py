@@ -7,21 +7,42 @@ crashing a handler.
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
+from .config.devices import MAX_DEVICES
+from .names import name_problem, unprintable
 from .wire import Frame, Kind
 
-# Peer-supplied text reaches operators' terminals and logs: no control characters.
-Short = Annotated[str, Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
-HostName = Annotated[str, Field(max_length=253, pattern=r"^[^\s/\\:@\x00-\x1f\x7f]*$")]
+
+def _printable(text: str) -> str:
+    hidden = unprintable(text)
+    if hidden is not None:
+        raise PydanticCustomError(
+            "printable", "holds {char}, a control, bidi or invisible character", {"char": hidden}
+        )
+    return text
+
+
+def _host_name(name: str) -> str:
+    # Empty stays for admission to refuse by name ("the hello names no host"), with a reply.
+    problem = name_problem(name) if name else None
+    if problem is not None:
+        raise PydanticCustomError("host_name", "{message}", {"message": problem[0]})
+    return name
+
+
+# Peer-supplied text reaches operators' terminals and logs: nothing a terminal acts on
+# (names.printable's rule: no C0/C1 control, DEL, line separator, bidi or format character).
+Short = Annotated[str, Field(max_length=256), AfterValidator(_printable)]
+HostName = Annotated[str, AfterValidator(_host_name)]  # the one host-name rule (names.py)
 Sig = Annotated[str, Field(max_length=128, pattern=r"^[0-9a-f]*$")]
 Plane = Literal["nccl", "cpu"]
 COMMAND_SHOWN = 1024  # characters of a walk-in's own command that its hello shows the controller
-Shown = Annotated[str, Field(max_length=COMMAND_SHOWN, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Shown = Annotated[str, Field(max_length=COMMAND_SHOWN), AfterValidator(_printable)]
 
 
 class Msg(BaseModel):
@@ -43,8 +64,8 @@ class Hello(Msg):
     nonce: bytes = Field(min_length=16, max_length=16)  # the server's challenge, echoed
     client_nonce: bytes = Field(min_length=16, max_length=16)
     host: HostName
-    devices: list[Short] = Field(max_length=1024)  # "cuda:0", "cpu:1", ...
-    device_labels: list[Short] = Field(default_factory=list, max_length=1024)
+    devices: list[Short] = Field(max_length=MAX_DEVICES)  # "cuda:0", "cpu:1", ...
+    device_labels: list[Short] = Field(default_factory=list, max_length=MAX_DEVICES)
     variant: Short = "cpu"  # torch variant label: cpu, cu128, rocm6.4, ...
     dataset_sig: Sig = ""
     model_sig: Sig = ""
@@ -69,10 +90,15 @@ class Hello(Msg):
 
 
 def shown_command(argv: list[str]) -> str:
-    """``argv`` as a shell would read it, made fit for a hello's ``command``: control
-    characters become ``?`` and a long line is cut (the tail marked with ``…``)."""
-    text = re.sub(r"[\x00-\x1f\x7f]", "?", shlex.join(argv))
-    return text if len(text) <= COMMAND_SHOWN else text[: COMMAND_SHOWN - 1] + "…"
+    """``argv`` as a shell would read it, made fit for a hello's ``command`` (:func:`shown`)."""
+    return shown(shlex.join(argv), COMMAND_SHOWN)
+
+
+def shown(text: str, limit: int = 256) -> str:
+    """``text`` made fit for a ``Short`` field (or ``limit``): what a terminal would act on
+    (``names.unprintable``'s rule) becomes ``?`` and a long line is cut, the tail marked ``…``."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def vendor_of(variant: str) -> str:
@@ -124,6 +150,7 @@ class WorldFormed(Msg):
 class RankExited(Msg):
     rank: int
     code: int
+    error: Short = ""  # the rank never started, and why (its command missing, not executable)
 
 
 class Abort(Msg):

@@ -92,8 +92,8 @@ def read_reports(files: Mapping[int, Path]) -> dict[int, dict[str, Any]]:
                 "at": float(body["at"]),
                 "step_rate": rate if rate is not None and rate >= 0 else None,
             }
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # not reported yet
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            continue  # not reported yet (or not a report: a rank's file is no peer to trust)
     return found
 
 

@@ -21,6 +21,7 @@ from .address import AddressError, join_address, local_address, split_address
 from .agent_spec import AgentSpec
 from .config import Controller, DeviceOffer, Join, Publish, Ssh, parse_devices
 from .config.models import Source
+from .names import name_problem, shown
 from .pin import normalize
 from .sources import SourceSpec, SpecError, parse_source
 from .variants import variant_venv
@@ -109,8 +110,26 @@ def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
             user=user or None,
             identity_file=str(identity) if identity else None,
         )
-    except (AddressError, ValidationError) as exc:
-        raise OptionError("--ssh", f"`{text}` is not [user@]host[:port] ({first_error(exc)})") from None
+    except AddressError as exc:
+        raise OptionError("--ssh", f"not [user@]host[:port]: {exc.render()}") from None
+    except ValidationError as exc:
+        raise OptionError(
+            "--ssh", f"`{shown(text)}` is not [user@]host[:port] ({first_error(exc)})"
+        ) from None
+
+
+def _host(flag: str | None, spec: str | None, block: str | None, hostname: str) -> str:
+    """--host > the launcher's spec > join.host > this box's hostname, held to the host-name rule."""
+    if flag == "":
+        raise OptionError("--host", "is empty", "leave --host out to use this box's hostname")
+    host = flag or spec or block or hostname
+    problem = name_problem(host)
+    if problem is not None and flag:
+        raise OptionError("--host", f"{problem[0]}; {problem[1]}")
+    if problem is not None:
+        where = "the launcher's host" if spec else ("join.host" if block else "this box's hostname")
+        raise OptionError("--host", f"{where} {problem[0]}", "name the box with --host NAME", kind="refusal")
+    return host
 
 
 def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) -> JoinSettings:
@@ -124,6 +143,8 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
     elif flags.identity and ssh is not None:
         ssh = ssh.model_copy(update={"identity_file": str(flags.identity)})
     spec_addr = join_address(spec.controller_host, spec.controller_port) if spec.controller_host else None
+    if flags.address == "":
+        raise OptionError("ADDRESS", "is empty; write host[:port], e.g. 10.0.0.1:1337")
     addr = flags.address or spec_addr or block.controller or (TUNNEL_ADDR if ssh is not None else None)
     if addr is None:
         raise OptionError(
@@ -133,10 +154,13 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
             kind="refusal",
         )
     try:
-        wanted = flags.devices or spec.devices
-        offer = parse_devices(wanted) if wanted else (block.devices or DeviceOffer("all"))
+        wanted = flags.devices if flags.devices is not None else spec.devices
+        offer = parse_devices(wanted) if wanted is not None else (block.devices or DeviceOffer("all"))
     except PydanticCustomError as exc:
-        raise OptionError("--devices", f"--devices: {exc}", kind="refusal") from None
+        hint = exc.context["hint"] if exc.context else None
+        if flags.devices is not None:
+            raise OptionError("--devices", f"{exc}" + (f"; {hint}" if hint else "")) from None
+        raise OptionError("--devices", f"the launcher's devices: {exc}", hint, kind="refusal") from None
     entry, args = flags.bin or block.bin, list(flags.args) or list(block.args)
     notes = []
     if block.source is not None and flags.bin:
@@ -154,7 +178,7 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
     try:
         host, port = split_address(addr)
     except AddressError as exc:
-        raise OptionError("ADDRESS", str(exc)) from None
+        raise OptionError("ADDRESS", exc.render()) from None
     try:
         pin = normalize(flags.pin) if flags.pin else None
     except ValueError as exc:
@@ -163,7 +187,7 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         docker = Join.model_validate({"docker": flags.docker}).docker if flags.docker else None
     except ValidationError as exc:
         raise OptionError("--docker", first_error(exc)) from None
-    name = flags.host or spec.host or block.host or hostname
+    name = _host(flags.host, spec.host, block.host, hostname)
     return JoinSettings(
         controller_host=host,
         controller_port=port,
@@ -319,7 +343,11 @@ def resolve_addr(
 ) -> tuple[str, str | None]:
     """--addr > the controller of ./fdl.cluster.yml (``controller``, when it has one) > the
     default; with a note saying where the address came from when it was not the flag."""
-    if flag:
+    if flag is not None:
+        try:
+            split_address(flag)
+        except AddressError as exc:
+            raise OptionError("--addr", exc.render()) from None
         return flag, None
     if controller is not None:
         host, port = controller

@@ -15,9 +15,9 @@ hello. Without a manifest, a box that names its own artifact (``source.bin``)
 runs it with its local settings; one that does not waits for a publish.
 
 Every failure is classed as the troubleshooting guide words it: transient
-failures re-dial (nothing published yet, a publish in flight, a build that a
-push will fix), permanent ones stop (a path that cannot exist in this tree, a
-door that will never serve the fetch, a missing system package).
+failures re-dial (nothing published yet, a publish in flight, a build or a
+manifest that a push will fix), permanent ones stop (a path that cannot exist
+in this tree, a door that will never serve the fetch, a missing system package).
 """
 
 from __future__ import annotations
@@ -392,8 +392,8 @@ def prepare(
         )
     built = _build(tree, stage, cwd, build, digest, log)
     if entry is None:
-        raise PrepareFailure(
-            "the run names no entry point (bin)", "publish with --bin, or set join.source.bin", PERMANENT
+        raise PrepareFailure(  # the published run's own failure: a publish with --bin fixes it
+            "the run names no entry point (bin)", "publish with --bin; this box picks it up on its next dial"
         )
     path = built / cwd / entry
     if not path.exists():

@@ -93,7 +93,7 @@ def read_manifest(tree: Path) -> Manifest | None:
         return None
     try:
         return Manifest.model_validate(yaml.safe_load(text))
-    except (yaml.YAMLError, ValidationError) as exc:
+    except (yaml.YAMLError, ValidationError, RecursionError) as exc:  # a served tree is a peer's
         raise PublishError(
             f"{path} is not a run manifest: {exc}", "publish again (fdl publish) to rewrite it"
         ) from None

@@ -220,6 +220,13 @@ class _Pending:
         self.ended = True
 
 
+def warm_store() -> None:
+    """Import what :func:`serve_store` needs ahead of time (blocking; no torch is no error:
+    a script that never rendezvouses still runs)."""
+    with contextlib.suppress(ImportError, RuntimeError, OSError):
+        import torch.distributed  # noqa: F401
+
+
 def serve_store() -> tuple[Any, int]:
     """Start torch's TCPStore server on loopback (blocking: call it in an executor).
 

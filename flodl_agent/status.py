@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import ssl
 from collections import Counter
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from rich.text import Text
 
 from . import wire
 from .address import join_address, split_address
+from .names import printable
 from .pin import PinMismatch, check_pin
 from .ranks import rank_span
 from .tls import client_context
@@ -88,7 +90,7 @@ def request(
         conn.close()
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can follow
         raise Unreachable(
             f"{addr} answered, but not with flodl's state (is this the controller port?)"
         ) from None
@@ -96,7 +98,7 @@ def request(
 
 
 def _clock(seconds: Any) -> str:
-    if seconds is None:
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):  # None, or no number
         return "-"
     s = max(0, int(seconds))
     return f"{s // 60}m{s % 60:02d}s"
@@ -108,16 +110,30 @@ def _ago(state: dict[str, Any], host: dict[str, Any]) -> float | None:
     return now - joined if isinstance(now, (int, float)) and isinstance(joined, (int, float)) else None
 
 
-def group_devices(labels: list[str]) -> str:
-    counts = Counter(labels)
+def peer(value: Any) -> str:
+    """Text from the state (host names, labels, reasons: a peer's words) as a terminal may show it."""
+    return printable(str(value))
+
+
+def _hosts(state: dict[str, Any]) -> list[dict[str, Any]]:
+    hosts = state.get("hosts")
+    return [h for h in hosts if isinstance(h, dict)] if isinstance(hosts, list) else []
+
+
+def _row(*cells: str) -> list[Text]:
+    return [Text(peer(cell)) for cell in cells]  # Text: a peer's `[red]` is not markup
+
+
+def group_devices(labels: Any) -> str:
+    counts = Counter(map(peer, labels if isinstance(labels, list) else []))
     return ", ".join(f"{n}x {name}" for name, n in counts.items()) or "-"
 
 
 def one_line(state: dict[str, Any]) -> str:
     """The roster in a line: for a spinner while the window is open."""
     target = state.get("target")
-    hosts = ", ".join(str(h.get("host")) for h in state.get("hosts", [])) or "nobody yet"
-    return (
+    hosts = ", ".join(peer(h.get("host")) for h in _hosts(state)) or "nobody yet"
+    return peer(
         f"{state.get('phase')}: {state.get('joined_ranks', 0)} ranks (quorum {state.get('quorum')}"
         f"{f', target {target}' if target is not None else ''}) from {hosts}; "
         f"window {_clock(state.get('window_left_s'))}, hard cap {_clock(state.get('cap_left_s'))}"
@@ -131,20 +147,32 @@ def _age(seconds: Any) -> str:
     return f"{_clock(seconds)} ago" if isinstance(seconds, (int, float)) else "-"
 
 
+def _map(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _number(value: Any, digits: str) -> str:
     return format(value, digits) if isinstance(value, (int, float)) else "-"
 
 
+def _seconds(value: Any) -> str:
+    """A duration as people read it: 0.5 ms, 42.1 ms, 1.25 s."""
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{value * 1000:.3g} ms" if value < 1 else f"{value:.3g} s"
+
+
 def _span(ranks: Any) -> str:
-    return rank_span(range(ranks[0], ranks[1])) if ranks else "-"
+    ok = isinstance(ranks, list) and len(ranks) == 2 and all(type(r) is int for r in ranks)
+    return rank_span(range(ranks[0], ranks[1])) if ok else "-"
 
 
 def _head(phase: Any, summary: str, failure: Any) -> list[Text | Table]:
     """The phase in its colour and a summary; the failure's reason, when there is one, below."""
     head = Text()
-    head.append(str(phase or "?"), style=PHASE_STYLE.get(str(phase), ""))
-    head.append(summary)
-    return [head, Text(f"failure: {failure}", style="red")] if failure else [head]
+    head.append(peer(phase or "?"), style=PHASE_STYLE.get(str(phase), ""))
+    head.append(peer(summary))
+    return [head, Text(f"failure: {peer(failure)}", style="red")] if failure else [head]
 
 
 def render(state: dict[str, Any]) -> list[Text | Table]:
@@ -157,38 +185,38 @@ def render(state: dict[str, Any]) -> list[Text | Table]:
         f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}",
         state.get("failure"),
     )
-    averaging = state.get("averaging") or {}
+    averaging = _map(state.get("averaging"))
     if averaging.get("rounds"):
-        out.append(
-            Text(
-                f"averaging: {averaging['rounds']} rounds, the last in "
-                f"{_number(averaging.get('round_s'), '.3g')} s"
+        last = _seconds(averaging.get("round_s"))
+        out.append(Text(peer(f"averaging: {averaging['rounds']} rounds, the last in {last}")))
+    beats = _map(state.get("heartbeats"))
+    table = Table("host", "ranks", "devices", "torch", "joined", "heartbeat")
+    for host in _hosts(state):
+        table.add_row(
+            *_row(
+                str(host.get("host")),
+                _span(host.get("ranks")),
+                group_devices(host.get("device_labels") or host.get("devices") or []),
+                str(host.get("variant", "-")),
+                f"{_clock(_ago(state, host))} ago",
+                _age(beats.get(str(host.get("host")))),
             )
         )
-    beats = state.get("heartbeats") or {}
-    table = Table("host", "ranks", "devices", "torch", "joined", "heartbeat")
-    for host in state.get("hosts", []):
-        table.add_row(
-            str(host.get("host")),
-            _span(host.get("ranks")),
-            group_devices(host.get("device_labels") or host.get("devices") or []),
-            str(host.get("variant", "-")),
-            f"{_clock(_ago(state, host))} ago",
-            _age(beats.get(host.get("host"))),
-        )
-    if state.get("hosts"):
+    if _hosts(state):
         out.append(table)
-    ranks = list((state.get("ranks") or {}).items())
+    ranks = [(rank, r) for rank, r in _map(state.get("ranks")).items() if isinstance(r, dict)]
     if ranks:
         board = Table("rank", "host", "steps", "steps/s", "loss", "last report")
         for rank, r in ranks[:RANK_ROWS]:
             board.add_row(
-                rank,
-                str(r.get("host")),
-                str(r.get("step", "-")),
-                _number(r.get("step_rate"), ".2f"),
-                _number(r.get("loss"), ".4g"),
-                _age(r.get("age")),
+                *_row(
+                    rank,
+                    str(r.get("host")),
+                    str(r.get("step", "-")),
+                    _number(r.get("step_rate"), ".2f"),
+                    _number(r.get("loss"), ".4g"),
+                    _age(r.get("age")),
+                )
             )
         out.append(board)
         if len(ranks) > RANK_ROWS:
@@ -209,14 +237,16 @@ def render_verdict(verdict: dict[str, Any], now: float) -> list[Text | Table]:
     if not verdict.get("reason") and verdict.get("phase") not in ("done", "failed"):
         out.append(Text("the controller stopped before a verdict", style="yellow"))
     table = Table("host", "ranks", "devices", "exits")
-    for host in verdict.get("hosts", []):
-        exits = host.get("exits") or {}
+    for host in _hosts(verdict):
+        exits = _map(host.get("exits"))
         table.add_row(
-            str(host.get("host")),
-            _span(host.get("ranks")),
-            group_devices(host.get("device_labels") or host.get("devices") or []),
-            ", ".join(f"rank {rank}: exit {code}" for rank, code in exits.items()) or "-",
+            *_row(
+                str(host.get("host")),
+                _span(host.get("ranks")),
+                group_devices(host.get("device_labels") or host.get("devices") or []),
+                ", ".join(f"rank {rank}: exit {code}" for rank, code in exits.items()) or "-",
+            )
         )
-    if verdict.get("hosts"):
+    if _hosts(verdict):
         out.append(table)
     return out

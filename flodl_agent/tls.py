@@ -18,9 +18,16 @@ from pathlib import Path
 
 from .pin import fingerprint
 
+PEM_MAX = 1024 * 1024  # bytes: a certificate is a few KiB
+
 
 def cert_fingerprint(cert: Path) -> str:
-    return fingerprint(ssl.PEM_cert_to_DER_cert(cert.read_text()))
+    """The pin of a PEM certificate; ``ValueError`` for anything else (never read past PEM_MAX)."""
+    with cert.open("rb") as handle:
+        raw = handle.read(PEM_MAX + 1)
+    if len(raw) > PEM_MAX:
+        raise ValueError(f"larger than {PEM_MAX // 1024} KiB")
+    return fingerprint(ssl.PEM_cert_to_DER_cert(raw.decode()))
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -47,7 +54,9 @@ def generate(cert: Path, key: Path, names: list[str], days: int = 3650) -> str:
     from cryptography.x509.oid import NameOID
 
     private = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0] if names else "flodl-controller")])
+    # X.509 caps a common name at 64 characters; the names that matter are the SANs below.
+    common = names[0] if names and len(names[0]) <= 64 else "flodl-controller"
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
     alt: list[x509.GeneralName] = []
     for name in names:
         try:

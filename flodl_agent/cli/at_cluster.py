@@ -10,8 +10,10 @@ from pathlib import Path
 
 import click
 
+from ..address import join_address, local_address
 from ..launcher import LaunchOptions
 from ..messages import Plane
+from ..names import name_problem, shown
 from .common import fail, load, project_file
 from .launch import launch_loaded
 from .probe import probe_cluster
@@ -45,15 +47,22 @@ def at_cluster(
 
     `fdl @NAME status` and `fdl @NAME start` talk to that cluster's controller.
     """
+    problem = name_problem(name, "cluster name")
+    if problem is not None:
+        fail(f"@{shown(name)}", *problem)
     overlay = Path(f"fdl.{name}.yml")
-    if not overlay.is_file():
+    try:
+        present = overlay.is_file()
+    except OSError:  # a name the file system cannot hold (too long for one path component)
+        present = False
+    if not present:
         fail(f"@{name}", f"no {overlay} here", f"run from the project directory, or create {overlay}")
     loaded = load(overlay, project_file(), False)
     cluster = loaded.config.cluster
     if command_name == "probe" and cluster is not None:
         probe_cluster(cluster, name, "--json" in extra)
     if command_name in ("status", "start") and cluster is not None:
-        addr = f"{cluster.controller.host}:{cluster.controller.port}"
+        addr = join_address(local_address(cluster.controller.host), cluster.controller.port)
         ctx.invoke(status if command_name == "status" else start, addr=addr)
         return
     commands = loaded.config.commands
@@ -64,6 +73,6 @@ def at_cluster(
             if close
             else (f"known: {', '.join(commands)}" if commands else "add a commands: block to fdl.yml")
         )
-        fail(f"@{name}", f"no command `{command_name}`", hint)
+        fail(f"@{name}", f"no command `{shown(command_name)}`", hint)
     options = LaunchOptions(command=[*commands[command_name], *extra], plane=plane, fanout=fanout)
     launch_loaded(loaded, overlay, options)

@@ -4,9 +4,11 @@ loading a config file, JSON output, and the shared flags."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO, cast
 
 import click
 from rich.console import Console
@@ -14,6 +16,7 @@ from rich.markup import escape
 
 from ..config import ConfigError, Loaded, Problem, load_config
 from ..credentials import read_token
+from ..names import printable
 from ..options import OptionError
 
 PROJECT_FILE = Path("fdl.yml")
@@ -21,6 +24,55 @@ CLUSTER_FILE = Path("fdl.cluster.yml")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class PipeSafe:
+    """A standard stream whose reader may leave first (`fdl status | head -1`): that is not a
+    failure. The first write that meets the closed pipe points the stream's descriptor at
+    /dev/null (later writes, and the interpreter's last flush, go nowhere), sets ``gone``, and
+    the command goes on to end with its own exit code, never a traceback or click's 1."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._lost()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._lost()
+
+    def _lost(self) -> None:
+        self.gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer: the stream's
+        return getattr(self.stream, name)
+
+
+def pipe_safe_streams() -> None:
+    """Wrap sys.stdout and sys.stderr (the entry point does, once): rich, click.echo and the
+    agent's rank lines all write through them."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, PipeSafe):
+            setattr(sys, name, cast(TextIO, PipeSafe(stream)))
+
+
+def stdout_gone() -> bool:
+    """Whether stdout's reader has left: a command that only refreshes output can stop."""
+    return isinstance(sys.stdout, PipeSafe) and sys.stdout.gone
 
 
 def print_problems(problems: list[Problem]) -> None:
@@ -53,7 +105,8 @@ def project_file(explicit: Path | None = None) -> Path | None:
 
 
 def log(line: str) -> None:
-    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(line)}")
+    # A line may quote a peer (a refusal's reason, a host name): no markup, nothing a terminal acts on.
+    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(printable(line))}")
 
 
 def fail(command: str, message: str, fix: str | None = None, code: int = 2) -> NoReturn:

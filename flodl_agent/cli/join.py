@@ -97,9 +97,10 @@ class _JoinCommand(TailCommand):
 @click.option(
     "--host",
     "host_name",
-    help="This box's name in the roster (default: hostname); a join.host_key holds for its own name only.",
+    help="This box's name in the roster (default: hostname): up to 253 characters, no spaces, / \\ : @; "
+    "a join.host_key holds for its own name only.",
 )
-@click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N (default: every GPU).")
+@click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N, at most 1024 (default: every GPU).")
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
 @click.option(
     "--bin",

@@ -10,6 +10,7 @@ from typing import NoReturn
 import click
 from rich.markup import escape
 
+from ..address import AddressError, check_host
 from ..config import Loaded
 from ..controller import Controller
 from ..launcher import LaunchError, LaunchOptions
@@ -40,6 +41,13 @@ def _parallelism(value: str | None) -> dict[str, int] | None:
         raise click.BadParameter(exc.render(), param_hint="--parallelism") from None
 
 
+def _bind(value: str | None) -> str | None:
+    try:
+        return None if value is None else check_host(value, "write an IP address or a host name of this box")
+    except AddressError as exc:
+        raise click.BadParameter(exc.render(), param_hint="--bind") from None
+
+
 def _max_failure(value: str) -> str:
     try:
         return parse_max_failure(value)
@@ -57,7 +65,11 @@ def _max_failure(value: str) -> str:
     help="Cluster file to launch.",
 )
 @base_opt
-@click.option("--bind", help="Bind address (default: cluster.controller.host).")
+@click.option(
+    "--bind",
+    callback=lambda _ctx, _param, value: _bind(value),
+    help="Bind address (default: cluster.controller.host).",
+)
 @click.option(
     "--port", type=click.IntRange(0, 65535), help="Port (default: cluster.controller.port; 0 picks one)."
 )

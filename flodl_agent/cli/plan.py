@@ -192,6 +192,15 @@ def placement() -> None:
     """Fleet placement on Ray: a node per worker, its NVLink domain and topological rank."""
 
 
+def _resources(smi: Path | None) -> dict[str, float]:
+    from ..placement.node import node_resources
+
+    try:
+        return node_resources(smi, os.environ)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--smi") from None
+
+
 smi_opt = click.option(
     "--smi",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
@@ -209,9 +218,7 @@ def placement_resources(smi: Path | None) -> None:
     Ray). A node without an NVLink fabric prints {} and is never chosen for a
     segment.
     """
-    from ..placement.node import node_resources
-
-    click.echo(json.dumps(node_resources(smi, os.environ), sort_keys=True))
+    click.echo(json.dumps(_resources(smi), sort_keys=True))
 
 
 @placement.command("node")
@@ -226,16 +233,15 @@ def placement_node(
     """Run this box as a Ray node of the fleet, with its topology resources (what the
     worker role's flodl-ray.service runs): `ray start --block`, replacing this process.
     """
-    from ..placement.node import node_resources
     from ..placement.ray_cluster import node_argv
 
     if address is not None:
         try:
             host, node_port = split_address(address, default_port=6379)
         except AddressError as exc:
-            raise click.BadParameter(str(exc), param_hint="--address") from None
+            raise click.BadParameter(exc.render(), param_hint="--address") from None
         address = join_address(host, node_port)
-    argv = node_argv(node_resources(smi, os.environ), address=address, port=port, temp_dir=temp_dir)
+    argv = node_argv(_resources(smi), address=address, port=port, temp_dir=temp_dir)
     if dry_run:
         click.echo(shlex.join(argv))
         return

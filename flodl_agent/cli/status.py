@@ -7,10 +7,11 @@ and ``resolve_pin`` decide what wins.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 from rich.console import Group
@@ -19,10 +20,10 @@ from rich.live import Live
 from ..address import split_address
 from ..config import Cluster, ConfigError, load_config
 from ..options import OptionError, resolve_addr, resolve_pin
-from ..status import Unreachable, render, render_verdict, request
+from ..status import Unreachable, peer, render, render_verdict, request
 from ..tls import cert_fingerprint
 from ..verdict import last_verdict
-from .common import CLUSTER_FILE, emit_json, err, json_opt, option_error, out, token_or_exit
+from .common import CLUSTER_FILE, emit_json, err, json_opt, option_error, out, stdout_gone, token_or_exit
 
 addr_opt = click.option(
     "--addr", help="Controller address host:port (default: ./fdl.cluster.yml, else 127.0.0.1:1337)."
@@ -61,53 +62,94 @@ def target(addr: str | None, pin: str | None) -> tuple[str, str | None, str | No
     controller = (cluster.controller.host, cluster.controller.port) if cluster is not None else None
     try:
         pinned = resolve_pin(pin, os.environ, _cluster_pin(cluster))
+        address, note = resolve_addr(addr, controller, str(path))
     except OptionError as exc:
         option_error("status", exc)
-    address, note = resolve_addr(addr, controller, str(path))
     return address, pinned, note
 
 
-def _gone(where: str, problem: Unreachable, as_json: bool) -> NoReturn:
-    """Nobody answers: say so, then how the last launch on that port ended when this box kept it."""
+def _gone(where: str, problem: Unreachable, as_json: bool, lines: bool = False) -> NoReturn:
+    """Nobody answers: say so, then how the last launch on that port ended when this box kept it
+    (``lines``: as one JSON line, a watch's)."""
     err.print(f"fdl status: {problem}", style="red", markup=False)
     with contextlib.suppress(ValueError):
         host, port = split_address(where)
         verdict = last_verdict(host, port)
         if verdict is not None:
             if as_json:
-                emit_json(verdict | {"live": False})
+                _emit(verdict | {"live": False}, lines)
             else:
                 for part in render_verdict(verdict, time.time()):
                     out.print(part)
     raise SystemExit(1)
 
 
+def _emit(state: dict[str, Any], line: bool) -> None:
+    if line:  # JSON Lines: a document a line (click.echo flushes: `| jq` sees each as it comes)
+        click.echo(json.dumps(state, separators=(",", ":")))
+    else:
+        emit_json(state)
+
+
+def _show(state: dict[str, Any], as_json: bool, lines: bool) -> None:
+    if as_json:
+        _emit(state, lines)
+    else:
+        for part in render(state):
+            out.print(part)
+
+
 @click.command()
 @addr_opt
 @pin_opt
 @json_opt
-@click.option("--watch", is_flag=True, help="Refresh every second until the run ends.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh every second until the run ends: in place on a terminal; otherwise one plain "
+    "rendering per refresh (with --json, one JSON document a line).",
+)
 def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> None:
     """Show the controller's phase, countdowns, roster and every rank's progress.
 
     When nobody answers, and the address is this box's, it shows how the last launch
     on that port ended (the verdict the controller kept in ~/.flodl/controller of the
     user who ran it). Exit 0 when a controller answers, 1 when none does (also when a
-    kept verdict is shown: --json's `ok` says how it ended)."""
+    kept verdict is shown: --json's `ok` says how it ended); a reader that leaves early
+    (`fdl status | head -1`) changes neither."""
     where, pinned, note = target(addr, pin)
     if note and not as_json:
         err.print(f"note: {note}", style="dim", markup=False)
     try:
         state = request(where, "GET", "/state.json", pin=pinned).body
     except Unreachable as exc:
-        _gone(where, exc, as_json)
-    if as_json:
-        emit_json(state)
-        return
+        _gone(where, exc, as_json, lines=watch)
     if not watch:
-        for part in render(state):
-            out.print(part)
-        return
+        _show(state, as_json, lines=False)
+    elif out.is_terminal and not as_json:
+        _live(where, pinned, state)
+    else:
+        _refreshes(where, pinned, state, as_json)
+
+
+def _refreshes(where: str, pinned: str | None, state: dict[str, Any], as_json: bool) -> None:
+    """A watch into a pipe or file: every refresh in full (a blank line between plain ones),
+    until the run ends or the reader leaves."""
+    while True:
+        _show(state, as_json, lines=True)
+        if state.get("phase") in ("done", "failed") or stdout_gone():
+            return
+        if not as_json:
+            out.print()
+        time.sleep(1.0)  # the refresh interval of a watch
+        try:
+            state = request(where, "GET", "/state.json", pin=pinned).body
+        except Unreachable as exc:  # the controller went before its final phase reached this watch
+            _gone(where, exc, as_json, lines=True)
+
+
+def _live(where: str, pinned: str | None, state: dict[str, Any]) -> None:
+    """A terminal's watch: one display, redrawn in place."""
     lost: Unreachable | None = None
     with Live(Group(*render(state)), console=out, refresh_per_second=4) as live:
         while state.get("phase") not in ("done", "failed"):
@@ -119,7 +161,7 @@ def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> Non
                 break
             live.update(Group(*render(state)))
     if lost is not None:  # the controller went before its final phase reached this watch
-        _gone(where, lost, as_json)
+        _gone(where, lost, False)
 
 
 @click.command()
@@ -143,9 +185,11 @@ def start(addr: str | None, pin: str | None, token_opt: str | None) -> None:
         err.print(f"fdl start: {exc}", style="red", markup=False)
         raise SystemExit(1) from None
     if reply.status in (200, 202):
-        out.print(f"armed: {reply.body.get('reason', 'start accepted')}", markup=False)
+        out.print(f"armed: {peer(reply.body.get('reason', 'start accepted'))}", markup=False)
         return
     err.print(
-        f"refused ({reply.status}): {reply.body.get('error', 'no reason given')}", style="red", markup=False
+        f"refused ({reply.status}): {peer(reply.body.get('error', 'no reason given'))}",
+        style="red",
+        markup=False,
     )
     raise SystemExit(1)

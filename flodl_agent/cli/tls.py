@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..address import AddressError, check_host
 from .common import fail
 
 
@@ -15,10 +16,26 @@ def tls() -> None:
     """TLS on the controller port: a self-signed certificate that clients pin."""
 
 
+def _names(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Each --name goes into the certificate as a DNS name or an IP address: it must be one."""
+    for value in values:
+        try:
+            check_host(value, "write a DNS name (ctrl.example.com) or an IP address (10.0.0.1)")
+        except AddressError as exc:
+            raise click.BadParameter(exc.render(), param_hint="--name") from None
+    return values
+
+
 @tls.command("generate")
 @click.option("--cert", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM out.")
 @click.option("--key", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM key out.")
-@click.option("--name", "names", multiple=True, help="A DNS name or address of the controller (repeat).")
+@click.option(
+    "--name",
+    "names",
+    multiple=True,
+    callback=lambda _ctx, _param, values: _names(values),
+    help="A DNS name or address of the controller (repeat).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing certificate (every pin must change).")
 def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> None:
     """Write a self-signed certificate and key (0600) for cluster.controller.tls; print the fingerprint
@@ -31,7 +48,14 @@ def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> 
             f"{cert if cert.exists() else key} exists",
             "keep it (fdl tls fingerprint prints its pin), or --force to replace it and re-pin",
         )
-    click.echo(generate(cert, key, list(names) or [socket.getfqdn()]))
+    try:
+        click.echo(generate(cert, key, list(names) or [socket.getfqdn()]))
+    except OSError as exc:
+        fail(
+            "tls generate",
+            f"cannot write {exc.filename or cert}: {exc.strerror}",
+            "name files in a writable directory",
+        )
 
 
 @tls.command("fingerprint")

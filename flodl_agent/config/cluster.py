@@ -13,6 +13,7 @@ from .fields import (
     Address,
     Devices,
     Env,
+    HostName,
     IfName,
     Model,
     Name,
@@ -23,7 +24,7 @@ from .fields import (
     Variant,
     check,
 )
-from .join_window import JoinWindow
+from .join_window import LOCKED_OUT_FIX, JoinWindow, locked_out_message, locks_walk_ins_out
 from .problems import Rule
 
 
@@ -63,7 +64,7 @@ class Controller(Model):
 class Worker(Model):
     """One entry of cluster.workers: a rank-carrying host."""
 
-    host: Name = Field(description="worker identifier in the roster; default ssh target")
+    host: HostName = Field(description="worker identifier in the roster; default ssh target")
     ssh: Ssh | None = Field(None, description="how to reach this host over ssh")
     tunnel: bool = Field(False, description="route training traffic through the ssh session (CPU modes only)")
     local_devices: Devices = Field(DeviceOffer("all"), description="devices offered, one rank each")
@@ -104,6 +105,15 @@ class Cluster(Model):
                     ("workers",),
                     "lists no worker",
                     "add a worker, or set cluster.controller.join.discovery: true to let workers walk in",
+                )
+            )
+        if not self.workers and locks_walk_ins_out(self.controller.join, self.controller.host):
+            # Nothing could ever be admitted: a file that cannot work is an error, not a warning.
+            rules.append(
+                (
+                    ("controller", "join", "discovery"),
+                    locked_out_message(self.controller.host, 0),
+                    LOCKED_OUT_FIX,
                 )
             )
         first: dict[str, int] = {}

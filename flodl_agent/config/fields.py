@@ -23,9 +23,10 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from ..address import AddressError, split_address
+from ..address import AddressError, check_host, split_address
 from ..compose import SERVICE_NAME
 from ..credentials import valid_token
+from ..names import name_problem, shown
 from ..pin import normalize
 from ..sources import SpecError, parse_data_source, parse_source
 from .devices import DEVICES_JSON_SCHEMA, DeviceOffer, dump_devices, parse_devices
@@ -53,15 +54,15 @@ def check(rules: list[Rule]) -> None:
 
 # --- field types -------------------------------------------------------------
 
-_NAME = re.compile(r"^[^\s/\\:@]+$")
 
+def _named(what: str) -> Any:
+    def check(value: str) -> str:
+        problem = name_problem(value, what)
+        if problem is not None:
+            raise fail(((), *problem))
+        return value
 
-def _name(value: str) -> str:
-    if not value:
-        raise fail(((), "is empty", "give it a name"))
-    if not _NAME.match(value):
-        raise fail(((), f"`{value}` is not a host name", "use a name without spaces, `/`, `:` or `@`"))
-    return value
+    return check
 
 
 def _service(value: str) -> str:
@@ -69,7 +70,7 @@ def _service(value: str) -> str:
         raise fail(
             (
                 (),
-                f"`{value}` is not a compose service name",
+                f"`{shown(value)}` is not a compose service name",
                 "name a service of the project's compose file (letters, digits, `_`, `.`, `-`; "
                 "a letter or digit first)",
             )
@@ -78,9 +79,10 @@ def _service(value: str) -> str:
 
 
 def _address(value: str) -> str:
-    if not value or any(c.isspace() for c in value):
-        raise fail(((), f"`{value}` is not an address", "write a host name or IP address"))
-    return value
+    try:
+        return check_host(value)
+    except AddressError as exc:
+        raise fail(((), exc.message, exc.fix)) from None
 
 
 def _abs_path(value: str) -> str:
@@ -277,17 +279,12 @@ def _controller_address(value: str) -> str:
     try:
         split_address(value)
     except AddressError as exc:
-        raise fail(
-            (
-                (),
-                str(exc).split(":")[0] + " is not a controller address",
-                "write host[:port], e.g. 10.0.0.1:1337",
-            )
-        ) from None
+        raise fail(((), exc.message, exc.fix)) from None
     return value
 
 
-Name = Annotated[str, AfterValidator(_name)]
+HostName = Annotated[str, AfterValidator(_named("host name"))]
+Name = Annotated[str, AfterValidator(_named("name"))]
 Service = Annotated[str, AfterValidator(_service)]
 Address = Annotated[str, AfterValidator(_address)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]

@@ -13,10 +13,10 @@ from .fields import (
     Env,
     Fingerprint,
     HostKey,
+    HostName,
     IfName,
     Libtorch,
     Model,
-    Name,
     Service,
     Share,
     SourceSpecText,
@@ -47,7 +47,7 @@ class Join(Model):
         None, description="this box's own key, derived from the run's token for join.host (site.yml)"
     )
     ssh: Ssh | None = Field(None, description="dial through this sshd with a local forward")
-    host: Name | None = Field(None, description="this box's name in the roster (default: hostname)")
+    host: HostName | None = Field(None, description="this box's name in the roster (default: hostname)")
     devices: Devices | None = Field(None, description="devices offered (default: every GPU)")
     bin: str | None = Field(
         None, description="this box's own entry point: with args, its ranks' command (not the launch's)"

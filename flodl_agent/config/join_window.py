@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ..address import is_loopback
 from .fields import DEFAULT_JOIN_TIMEOUT, DEFAULT_MAX_JOIN_TIMEOUT, Model, Ranks, Seconds, Token, check
 from .problems import Rule
 
@@ -97,3 +98,36 @@ class JoinWindow(Model):
             )
         check(rules)
         return self
+
+
+def locks_walk_ins_out(join: JoinWindow, bind: str) -> bool:
+    """Under discovery, does a bind on ``bind`` refuse every walk-in? On a network bind with
+    neither a token nor open admission the run key is a per-run salt that only fanned-out
+    agents receive: a walk-in's hello cannot verify, and the window waits out its hard cap.
+    (``tunnel_only`` binds loopback instead, where admission is open.)"""
+    return (
+        join.discovery
+        and not join.tunnel_only
+        and join.token is None
+        and not join.open_admission
+        and not is_loopback(bind)
+    )
+
+
+LOCKED_OUT_FIX = (
+    "set cluster.controller.join.token (walk-ins pass it: FDL_TOKEN or --token -), or bind "
+    "127.0.0.1 and tunnel walk-ins through the join door (tunnel_only: true does), or set "
+    "open_admission: true on a fully trusted segment"
+)
+
+
+def locked_out_message(bind: str, roster: int) -> str:
+    said = (
+        "nobody can join: there is no roster to fan out to"
+        if roster == 0
+        else f"only the {roster} fanned-out worker(s) can join"
+    )
+    return (
+        f"admits no walk-in: on the network bind {bind} with neither a token nor open_admission, "
+        f"a walk-in's hello cannot verify (the run key is a salt only fan-out hands out); {said}"
+    )

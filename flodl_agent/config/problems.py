@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic_core import PydanticCustomError
 
+from ..names import printable, shown
+
 Loc = tuple[str | int, ...]
 Severity = Literal["error", "warning"]
 
@@ -25,7 +27,8 @@ def format_path(loc: Loc) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else part
+            key = shown(part)  # a key is the file's text: escaped, and a huge one cut
+            out += f".{key}" if out else key
     return out or "<document>"
 
 
@@ -60,9 +63,10 @@ class Problem:
         if self.file is not None:
             where = f"{self.file}:{self.line}: " if self.line is not None else f"{self.file}: "
         subject = f"{self.path}: " if self.loc else ""
-        text = f"{where}{self.severity}: {subject}{self.message}"
+        # Messages quote the file's text: nothing in it may act on the terminal.
+        text = printable(f"{where}{self.severity}: {subject}{self.message}")
         if self.hint:
-            text += f"\n    fix: {self.hint}"
+            text += f"\n    fix: {printable(self.hint)}"
         return text
 
     def as_dict(self) -> dict[str, object]:

@@ -15,12 +15,17 @@ from typing import Any
 
 import yaml
 
+from ..names import shown
 from .problems import ConfigError, Loc, Problem
 
 # Aliases can expand a short file into a huge document ("billion laughs");
 # no honest configuration comes near this many values.
 MAX_NODES = 100_000
 MAX_BYTES = 4 * 1024 * 1024
+# Nesting, in the file and once aliases are expanded: the schema's deepest path is a handful
+# of levels, and a few KiB of `[[[[…` must not exhaust the parsers' recursion.
+MAX_DEPTH = 32
+DEPTH_FIX = f"configuration nests a few levels deep; flatten it (at most {MAX_DEPTH} levels)"
 
 
 @dataclass(frozen=True)
@@ -51,16 +56,50 @@ class Document:
         return problem.located(mark.file, mark.line)
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's composer recurses once per level of nesting: refuse deep documents before
+    they reach the interpreter's recursion limit."""
+
+    def __init__(self, text: str, name: str) -> None:
+        super().__init__(text)
+        self.name = name
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                line = self.peek_event().start_mark.line + 1  # type: ignore[no-untyped-call]
+                message = f"nests deeper than {MAX_DEPTH} levels"
+                raise ConfigError([Problem((), message, DEPTH_FIX, file=self.name, line=line)])
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
 class _Converter:
-    def __init__(self, loader: yaml.SafeLoader, name: str) -> None:
+    """Nodes to plain data with a mark per location. Problems with keys (duplicates, keys
+    that are not strings) are collected, so one pass reports every one of them."""
+
+    def __init__(self, loader: yaml.SafeLoader, name: str, text: str) -> None:
         self.loader = loader
         self.name = name
+        self.text = text
         self.marks: dict[Loc, Mark] = {}
         self.count = 0
         self.active: set[int] = set()
+        self.problems: list[Problem] = []
+
+    def _problem(self, node: yaml.Node, message: str, hint: str, loc: Loc) -> Problem:
+        return Problem(loc, message, hint, file=self.name, line=node.start_mark.line + 1)
 
     def _fail(self, node: yaml.Node, message: str, hint: str, loc: Loc) -> ConfigError:
-        return ConfigError([Problem(loc, message, hint, file=self.name, line=node.start_mark.line + 1)])
+        return ConfigError([*self.problems, self._problem(node, message, hint, loc)])
+
+    def _source(self, node: yaml.Node) -> str:
+        """A node as written in the file (on one line, shortened)."""
+        start, end = node.start_mark.index, node.end_mark.index
+        return shown(" ".join(self.text[start:end].split()) or "(empty)")
 
     def convert(self, node: yaml.Node, loc: Loc) -> Any:
         self.count += 1
@@ -71,6 +110,8 @@ class _Converter:
                 "remove the alias chain; configuration files are small",
                 loc,
             )
+        if len(loc) > MAX_DEPTH:  # aliases nested in aliases: deep only once expanded
+            raise self._fail(node, f"nests deeper than {MAX_DEPTH} levels", DEPTH_FIX, loc)
         self.marks.setdefault(loc, Mark(self.name, node.start_mark.line + 1))
         if isinstance(node, yaml.ScalarNode):
             return self.loader.construct_object(node, deep=True)
@@ -98,19 +139,25 @@ class _Converter:
             )
             line = key_node.start_mark.line + 1
             if not isinstance(key, str):
-                raise self._fail(
-                    key_node,
-                    f"key {key!r} is not a string",
-                    "keys are field names; quote the key if it is meant as text",
-                    loc,
+                self.problems.append(
+                    self._problem(
+                        key_node,
+                        f"key `{self._source(key_node)}` is not a string",
+                        "keys are field names; quote the key if it is meant as text",
+                        loc,
+                    )
                 )
+                continue
             if key in out:
-                raise self._fail(
-                    key_node,
-                    f"duplicate key `{key}` (first at line {first_line[key]})",
-                    "keep one of the two; YAML would silently use the last",
-                    (*loc, key),
+                self.problems.append(
+                    self._problem(
+                        key_node,
+                        f"duplicate key `{shown(key)}` (first at line {first_line[key]})",
+                        "keep one of the two; YAML would silently use the last",
+                        (*loc, key),
+                    )
                 )
+                continue
             first_line[key] = line
             self.marks[(*loc, key)] = Mark(self.name, line)
             out[key] = self.convert(value_node, (*loc, key))
@@ -127,14 +174,16 @@ def parse_yaml(text: str, name: str) -> Document:
     """Parse one YAML document; every failure is a :class:`ConfigError`."""
     if len(text) > MAX_BYTES:  # counted in characters: close enough, and cheap
         raise _too_large(name)
-    loader: yaml.SafeLoader | None = None
+    loader: _Loader | None = None
     try:
-        loader = yaml.SafeLoader(text)
+        loader = _Loader(text, name)
         node = loader.get_single_node()
         if node is None:
             return Document(None, {(): Mark(name, 1)})
-        converter = _Converter(loader, name)
+        converter = _Converter(loader, name, text)
         data = converter.convert(node, ())
+        if converter.problems:
+            raise ConfigError(converter.problems)
         return Document(data, converter.marks)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from ..names import shown
+from .join_window import LOCKED_OUT_FIX, locked_out_message, locks_walk_ins_out
 from .models import LEGACY_KEYS, Cluster, FdlConfig
 from .problems import ConfigError, Loc, Problem, format_path
 from .source import Document
@@ -92,9 +94,9 @@ def _unknown_key(root: type[BaseModel], loc: Loc) -> Problem:
         return Problem(loc, f"`{key}` is a stale key from an older schema", f"use `{new}` instead")
     parent = _walk(root, loc[:-1])
     allowed = _keys_of(parent) if isinstance(parent, type) and issubclass(parent, BaseModel) else []
-    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key[:100], allowed, n=1, cutoff=0.6)
     hint = f"did you mean `{close[0]}`?" if close else f"allowed keys here: {', '.join(allowed)}"
-    return Problem(loc, f"unknown key `{key}`", hint)
+    return Problem(loc, f"unknown key `{shown(key)}`", hint)
 
 
 def _short(value: Any) -> str:
@@ -119,9 +121,9 @@ def _problems(exc: ValidationError, root: type[BaseModel]) -> Iterator[Problem]:
         elif kind == "literal_error":
             choices = [str(c) for c in typing.get_args(_walk(root, loc))]
             got = str(err.get("input"))
-            close = difflib.get_close_matches(got, choices, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(got[:100], choices, n=1, cutoff=0.6)
             hint = f"did you mean `{close[0]}`?" if close else f"use one of: {', '.join(choices)}"
-            yield Problem(loc, f"`{got}` is not one of {', '.join(choices)}", hint)
+            yield Problem(loc, f"`{shown(got)}` is not one of {', '.join(choices)}", hint)
         else:
             word = _TYPE_WORDS.get(kind, err["msg"][0].lower() + err["msg"][1:])
             described = _description(root, loc)
@@ -184,6 +186,13 @@ def cluster_warnings(cluster: Cluster) -> Iterator[Problem]:
             "and influence the run",
             "sound only on a fully trusted segment; otherwise bind 127.0.0.1 and tunnel workers "
             "through the join door, or set a token",
+            severity="warning",
+        )
+    if cluster.workers and locks_walk_ins_out(join, cluster.controller.host):
+        yield Problem(
+            (*base, "controller", "join", "discovery"),
+            locked_out_message(cluster.controller.host, len(cluster.workers)),
+            LOCKED_OUT_FIX,
             severity="warning",
         )
     capacity = cluster.capacity

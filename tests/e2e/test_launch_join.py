@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -167,6 +168,42 @@ def test_after_a_run_fdl_status_says_how_it_ended_live_then_from_the_kept_verdic
     # Another user's status (another home) holds no verdict of this launch: only "nobody answers".
     other = fdl("status", cwd=tmp_path, env={**env, "HOME": str(tmp_path / "other")})
     assert other.returncode == 1 and other.stdout == "" and "no controller answers" in other.stderr
+
+
+def test_a_launch_whose_entry_is_missing_fails_that_run_and_a_persist_walk_in_trains_in_the_next(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=2, target_ranks=2, join_timeout=60, max_join_timeout=120)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    walker = subprocess.Popen(
+        ["fdl", "join", f"127.0.0.1:{port}", "--persist", "--backoff", "0.2", "--devices", "cpu:2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        bad = fdl("launch", "--", "/nonexistent/entry", "--epochs", "1", cwd=tmp_path, env=env, timeout=90)
+        assert bad.returncode == 1, bad.stderr
+        # The controller names the rank and why it never started, not a host that vanished.
+        cause = "could not start: /nonexistent/entry: No such file or directory"
+        assert f"run failed: rank 0 on {socket.gethostname()} {cause}" in bad.stderr, bad.stderr
+        assert "still running" not in bad.stderr
+        assert walker.poll() is None, "the walk-in stopped: a run's failure must not stop the box"
+
+        out = tmp_path / "trained"
+        good = [sys.executable, "-c", f"import os; open(r'{out}' + os.environ['RANK'], 'w').close()"]
+        again = fdl("launch", "--", *good, cwd=tmp_path, env=env, timeout=90)
+        assert again.returncode == 0, again.stderr
+        assert sorted(p.name for p in tmp_path.glob("trained*")) == ["trained0", "trained1"]
+        assert walker.poll() is None  # still standing, for the run after that
+    finally:
+        walker.terminate()
+        _, said = walker.communicate(timeout=30)
+    assert "cannot start the entry point /nonexistent/entry: No such file or directory" in said
+    assert "re-dialling in" in said and f"run finished cleanly on {socket.gethostname()}" in said
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux script for a terminal")
@@ -397,3 +434,88 @@ def test_the_quick_starts_one_machine_walkthrough_with_the_shipped_local_example
 def state_at(cwd: Path, addr: str) -> dict[str, object]:
     proc = fdl("status", "--addr", addr, "--json", cwd=cwd)
     return json.loads(proc.stdout) if proc.returncode == 0 else {}
+
+
+# --- exit codes at the edges: help, and readers that leave early ----------------------
+
+
+def test_plain_fdl_and_fdl_help_show_the_help_and_succeed(tmp_path: Path) -> None:
+    plain = fdl(cwd=tmp_path)
+    assert plain.returncode == 0 and plain.stdout == fdl("--help", cwd=tmp_path).stdout
+    assert plain.stdout.startswith("Usage: fdl ") and "fdl help COMMAND" in plain.stdout
+    for words in (["launch"], ["config", "check"]):
+        shown = fdl("help", *words, cwd=tmp_path)
+        assert shown.returncode == 0 and shown.stdout == fdl(*words, "--help", cwd=tmp_path).stdout
+        assert shown.stdout.startswith(f"Usage: fdl {' '.join(words)} ")
+    assert fdl("help", cwd=tmp_path).stdout == plain.stdout
+    typo = fdl("help", "lanch", cwd=tmp_path)
+    assert typo.returncode == 2 and "no such command `fdl lanch` (did you mean `launch`?)" in typo.stderr
+    leaf = fdl("help", "launch", "now", cwd=tmp_path)
+    assert leaf.returncode == 2 and "`fdl launch` has no subcommands" in leaf.stderr
+
+
+def closed_stdout(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`fdl ARGS | true`: the reader is gone before the first byte, so every write meets a
+    closed pipe (`| head -1` when the output outgrows what head reads)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            ["fdl", *args], cwd=cwd, env=env, stdout=write, stderr=subprocess.PIPE, text=True, timeout=30
+        )
+    finally:
+        os.close(write)
+
+
+def clean(proc: subprocess.CompletedProcess[str]) -> bool:
+    return "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_a_reader_that_leaves_early_is_no_failure_and_a_piped_watch_refreshes(tmp_path: Path) -> None:
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=1, target_ranks=1, join_timeout=60, max_join_timeout=120)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    launch = subprocess.Popen(
+        ["fdl", "launch", "--", sys.executable, "-c", "pass"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: state(tmp_path, env).get("phase") == "waiting")
+        for args in (["status"], ["status", "--json"], ["--help"], ["help", "launch"]):
+            gone = closed_stdout(*args, cwd=tmp_path, env=env)
+            assert gone.returncode == 0 and clean(gone), (args, gone.stderr)
+
+        # Piped, a watch prints every refresh as it comes (not once at the end), and stops
+        # at the next one after its reader leaves.
+        watch = subprocess.Popen(
+            ["fdl", "status", "--watch"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert watch.stdout is not None and watch.stderr is not None
+        heads = [line for line in (watch.stdout.readline() for _ in range(40)) if line.startswith("waiting ")]
+        assert len(heads) >= 2 and all("quorum 1" in h for h in heads), heads  # a rendering a refresh
+        watch.stdout.close()
+        assert watch.wait(timeout=30) == 0 and "Traceback" not in watch.stderr.read()
+
+        lines = subprocess.Popen(
+            ["fdl", "status", "--watch", "--json"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+        )
+        assert lines.stdout is not None
+        first, second = json.loads(lines.stdout.readline()), json.loads(lines.stdout.readline())
+        assert first["phase"] == second["phase"] == "waiting" and first["launch"] == second["launch"]
+        joined = fdl("join", f"127.0.0.1:{port}", "--devices", "cpu:1", cwd=tmp_path, env=env, timeout=90)
+        assert joined.returncode == 0, joined.stderr
+        rest = [json.loads(line) for line in lines.stdout]  # one document a line, to the run's end
+        assert lines.wait(timeout=30) == 0
+        assert rest and rest[-1]["phase"] == "done" and all(d["phase"] != "done" for d in rest[:-1])
+        assert launch.wait(timeout=30) == 0
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        launch.wait()
+
+    # Nobody answers now: the command's own exit (1) stands, however early its reader left.
+    after = closed_stdout("status", cwd=tmp_path, env=env)
+    assert after.returncode == 1 and clean(after) and "no controller answers" in after.stderr

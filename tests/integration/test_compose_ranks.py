@@ -200,3 +200,26 @@ def test_a_service_the_project_lacks_is_refused_before_the_dial(proj: Path) -> N
         await ctl.close()
 
     run(scenario)
+
+
+def test_a_service_the_cluster_file_names_and_the_project_lacks_is_that_runs_failure(proj: Path) -> None:
+    host = proj.name
+
+    async def scenario() -> None:
+        said: list[str] = []
+        roster = {host: {"docker": "cuda"}}  # the run's own setting, not this box's
+        ctl = Controller(
+            settings(["python3", "rank.py"], quorum=1, target=1, host_facts=roster), log=said.append
+        )
+        await ctl.start()
+        result = await walk_in(agent(ctl, host, 1))
+        await ctl.finished.wait()
+        # The controller hears why the rank never started, and the walk-in stays for the next run.
+        assert isinstance(result, AgentFailure) and result.code == TRANSIENT, result
+        assert f"no service `cuda` in {proj / 'compose.yaml'}" in result.message
+        assert ctl.exits == {host: {0: 126}}
+        assert ctl.reason.startswith(f"rank 0 on {host} could not start: docker"), ctl.reason
+        assert not [line for line in said if "still running" in line], said
+        await ctl.close()
+
+    run(scenario)

@@ -173,7 +173,9 @@ def test_a_door_name_that_does_not_resolve_is_said_by_the_tunnel() -> None:
 
 
 def bind_refusal(bind: str, port: int) -> LaunchError:
-    cluster = ClusterBuilder().controller(bind, port=port).join(discovery=True, min_rank_start=1).build()
+    # A token: a network discovery window must let walk-ins verify (else the file is refused first).
+    join = {"discovery": True, "min_rank_start": 1, "token": "ab" * 16}
+    cluster = ClusterBuilder().controller(bind, port=port).join(**join).build()
     with pytest.raises(LaunchError) as caught:
         asyncio.run(launch(cluster, LaunchOptions(command=OK), lambda _: None))
     return caught.value
@@ -231,6 +233,40 @@ def test_fdl_join_says_it_once_and_exits_transient() -> None:
         assert await join(agent(ctl, "box-a"), persist=False, log=logs.append) == TRANSIENT
         said = [line for line in logs if "rank failed" in line]
         assert said == ["a rank failed on box-a: rank 0 exited with code 3; the run ended with errors"], logs
+        await ctl.close()
+
+    run(scenario)
+
+
+# --- a run's own failure: its ranks cannot start -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "code", "cause"),
+    [("/nonexistent/entry", 127, "No such file or directory"), ("not-executable", 126, "Permission denied")],
+)
+def test_a_rank_that_cannot_start_is_the_runs_failure_said_to_the_controller(
+    tmp_path: Path, entry: str, code: int, cause: str
+) -> None:
+    if entry == "not-executable":
+        entry = str(tmp_path / "train")
+        Path(entry).write_text("#!/bin/sh\nexit 0\n")
+        Path(entry).chmod(0o644)  # there, but no x bit: the kernel refuses it (root too)
+
+    async def scenario() -> None:
+        said: list[str] = []
+        ctl = Controller(settings([entry, "--epochs", "1"], quorum=2, target=2), log=said.append)
+        await ctl.start()
+        logs: list[str] = []
+        # The run's failure is transient: a --persist walk-in stays for the next launch.
+        assert await join(agent(ctl, "box-a", 2), persist=False, log=logs.append) == TRANSIENT
+        assert f"cannot start the entry point {entry}: {cause}" in logs[-1], logs
+        await ctl.finished.wait()
+        # The controller heard each rank's end as a shell gives it, and why: never a lost host.
+        assert ctl.exits == {"box-a": {0: code, 1: code}}
+        assert ctl.reason.startswith(f"rank 0 on box-a could not start: {entry}: {cause}"), ctl.reason
+        assert f"rank 1 on box-a could not start: {entry}: {cause}" in said
+        assert not [line for line in said if "still running" in line], said
         await ctl.close()
 
     run(scenario)

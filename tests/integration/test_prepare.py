@@ -145,6 +145,18 @@ def test_paths_that_cannot_exist_are_permanent(tmp_path: Path) -> None:
     assert entry.message == "the build succeeded but bin: target/train is not there (looked in pkg/)"
 
 
+def test_a_published_run_without_an_entry_point_is_that_runs_failure_not_the_boxs(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "data.txt").write_text("a tree-only publish")
+    served = tmp_path / "served"
+    publish(PublishRequest(parse_source(f"file://{src}"), served))  # no --bin
+    missing = failure(lambda: prepare(source(served), tmp_path / "stage"))
+    # A publish with --bin fixes it: a --persist walk-in re-dials rather than stopping.
+    assert missing.code == TRANSIENT and missing.message == "the run names no entry point (bin)"
+    assert "publish with --bin" in missing.fix
+
+
 def test_missing_packages_are_named_from_the_shells_words() -> None:
     assert missing_package("sh: 1: nvcc: not found") == ("nvcc", "nvidia-cuda-toolkit")
     assert missing_package("zsh: command not found: cmake") == ("cmake", "cmake")

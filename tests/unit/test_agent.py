@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.address import split_address
 from flodl_agent.agent import AgentFailure, AgentOptions, Attempt
 from flodl_agent.agent_spec import decode
 from flodl_agent.box import box_offer
@@ -38,19 +37,6 @@ def test_agent_spec_round_trip_and_refusals() -> None:
     for bad in ("zz", "7b7d7b", json.dumps({"controller_port": 0}).encode().hex()):
         with pytest.raises(ValueError, match="agent spec"):
             decode(bad)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("10.0.0.1:7000", ("10.0.0.1", 7000)),
-        ("ctrl", ("ctrl", 1337)),
-        ("[fd00::1]:9", ("fd00::1", 9)),
-        ("[fd00::1]", ("fd00::1", 1337)),
-    ],
-)
-def test_split_address(text: str, expected: tuple[str, int]) -> None:
-    assert split_address(text) == expected
 
 
 def test_cpu_offers_need_no_gpu() -> None:
@@ -175,6 +161,7 @@ def test_a_shown_command_fits_the_hellos_bounds() -> None:
 
     assert shown_command(["train", "--name", "a b"]) == "train --name 'a b'"
     assert shown_command(["train", "line\nbreak\x1b[31m"]) == "train 'line?break?[31m'"
+    assert shown_command(["train", "ev\u202eil\x9b2J"]) == "train 'ev?il?2J'"  # bidi, C1: the hello's rule
     long = shown_command(["train", "x" * 5000])
     assert len(long) == COMMAND_SHOWN and long.endswith("…")
     # what the agent sends, the controller parses
@@ -186,7 +173,7 @@ def test_a_shown_command_fits_the_hellos_bounds() -> None:
 def test_child_output_becomes_lines_whatever_the_child_writes() -> None:
     import asyncio
 
-    from flodl_agent.agent import output_lines
+    from flodl_agent.rank_io import output_lines
 
     async def collect(data: bytes) -> list[str]:
         reader = asyncio.StreamReader()

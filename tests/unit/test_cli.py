@@ -232,3 +232,49 @@ def test_options_after_the_command_or_after_dashes_are_the_run_s() -> None:
     # what follows `--` is the entry's arguments, never the ADDRESS (which fdl.yml may supply)
     sub = join.make_context("join", ["--bin", "train.py", "--", "10.0.0.1:1", "--lr"])
     assert sub.params["address"] is None and sub.meta["tail"] == ["10.0.0.1:1", "--lr"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["join", "127.0.0.1:1", "--host", "a b"], "Invalid value for --host: `a b` is not a host name"),
+        (["join", "127.0.0.1:1", "--host", ""], "Invalid value for --host: is empty"),
+        (["join", "127.0.0.1:1", "--devices", "cpu:1025"], "a box offers at most 1024"),
+        (["join", "127.0.0.1:1", "--devices", ""], "Invalid value for --devices: is empty"),
+        (["join", "http://127.0.0.1:1337"], "drop the `http://`"),
+        (["join", "fd00::1"], "an IPv6 address goes in brackets"),
+        (["status", "--addr", "http://127.0.0.1:1337"], "Invalid value for --addr"),
+        (["start", "--addr", "fd00::1:1337"], "Invalid value for --addr"),
+        (["launch", "--bind", "a b", "--", "python3"], "Invalid value for --bind"),
+        (["tls", "generate", "--cert", "c", "--key", "k", "--name", "a b"], "Invalid value for --name"),
+        (["@", "x" * 5000, "train"], "is 5000 characters long"),
+    ],
+)
+def test_input_that_cannot_work_is_a_usage_error_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], said: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./fdl.yml; and nothing is dialled: each is refused first
+    result = CliRunner().invoke(cli.cli, argv, input="")
+    assert result.exit_code == 2, result.output
+    assert said in result.output and "Traceback" not in result.output
+
+
+def test_token_dash_with_empty_stdin_is_refused_not_read_as_no_token() -> None:
+    result = CliRunner().invoke(cli.cli, ["start", "--addr", "127.0.0.1:1", "--token", "-"], input="")
+    assert result.exit_code == 2 and "--token - read no token" in result.output
+
+
+def test_a_network_discovery_window_nobody_can_enter_fails_check_and_launch(tmp_path: Path) -> None:
+    local = run("config", "example", "local").stdout
+    network = tmp_path / "net.yml"
+    network.write_text(local.replace("host: 127.0.0.1", "host: 0.0.0.0"))
+    checked = run("config", "check", str(network))
+    assert checked.exit_code == 1 and "admits no walk-in" in checked.stderr
+    launched = CliRunner().invoke(cli.cli, ["launch", "--config", str(network), "--", "true"])
+    assert launched.exit_code == 1 and "admits no walk-in" in launched.stderr
+    # the file is fine on loopback; --bind moves the window where nobody can enter
+    (tmp_path / "lo.yml").write_text(local)
+    moved = CliRunner().invoke(
+        cli.cli, ["launch", "--config", str(tmp_path / "lo.yml"), "--bind", "0.0.0.0", "--", "true"]
+    )
+    assert moved.exit_code == 1 and "--bind 0.0.0.0 admits no walk-in" in moved.stderr

@@ -277,7 +277,7 @@ def test_worker_host_names_are_unique(two_workers: str) -> None:
 def test_empty_roster_needs_discovery() -> None:
     p = only(problems_of("cluster:\n  controller: {host: h}\n"), "cluster.workers")
     assert "discovery" in (p.hint or "")
-    ok = "cluster:\n  controller:\n    host: h\n    join: {discovery: true, min_rank_start: 2}\n"
+    ok = "cluster:\n  controller:\n    host: 127.0.0.1\n    join: {discovery: true, min_rank_start: 2}\n"
     assert problems_of(ok) == []
 
 
@@ -290,6 +290,13 @@ def test_empty_roster_needs_discovery() -> None:
         ("cpu:0", "needs a CPU rank count"),
         ("gpu", "is not a device offer"),
         ("{a: 1}", "is not a device offer"),
+        ("cpu:1025", "offers 1025 devices: a box offers at most 1024"),
+        ("cpu:100000", "offers 100000 devices: a box offers at most 1024"),
+        ("cpu:" + "9" * 5000, "needs a CPU rank count"),  # not a 5000-digit int()
+        ("'cpu:²'", "needs a CPU rank count"),
+        ("[1024]", "is not a GPU index"),
+        ("'" + ",".join(map(str, range(1025))) + "'", "offers 1025 devices"),
+        ("''", "is empty"),
     ],
 )
 def test_bad_device_offers(devices: str, fragment: str) -> None:
@@ -310,7 +317,10 @@ def test_bad_device_offers(devices: str, fragment: str) -> None:
         ("path", "opt/flodl", "is not an absolute path"),
         ("arch", "/abs/cu128", "is not a variant sub-path"),
         ("arch", "../cu128", "is not a variant sub-path"),
-        ("host", "'a b'", "is not an address"),
+        ("host", "'a b'", "is neither an IP address nor a host name"),
+        ("host", "http://10.0.0.1", "is not a host: drop the `http://`"),
+        ("host", "10.0.0.1:1337", "carries brackets or a port"),
+        ("host", "a" * 254, "is 254 characters long: a host name has at most 253"),
     ],
 )
 def test_controller_field_checks(field: str, value: str, fragment: str) -> None:
@@ -410,3 +420,71 @@ def test_disabling_host_key_pinning_is_warned_about_in_every_spelling(option: st
         )
         == []
     )
+
+
+@pytest.mark.parametrize(
+    ("host", "fragment"),
+    [
+        ("'a b'", "no spaces, `/`, `\\`, `:` or `@`"),
+        ("../../etc", "no spaces, `/`, `\\`, `:` or `@`"),
+        ("'a\\b'", "no spaces, `/`, `\\`, `:` or `@`"),
+        ("a" * 254, "is 254 characters long: a host name has at most 253"),
+        ('"ev\\u202eil"', "holds \\u202e, a control, bidi or invisible character"),
+        ('"box\\x9b31m"', "holds \\x9b"),
+        ("-oProxyCommand=x", "starts with `-`"),
+        ("''", "is empty"),
+    ],
+)
+def test_host_names_follow_one_rule_in_the_roster_and_the_join_block(host: str, fragment: str) -> None:
+    roster = (
+        f"cluster:\n  controller: {{host: 127.0.0.1}}\n  workers: [{{host: {host}, local_devices: [0]}}]\n"
+    )
+    assert fragment in only(problems_of(roster), "cluster.workers[0].host").message
+    assert fragment in only(problems_of(f"join:\n  host: {host}\n"), "join.host").message
+
+
+def test_a_253_character_host_name_is_a_host_name() -> None:
+    assert problems_of(f"join:\n  host: {'a' * 253}\n") == []
+
+
+DISCOVERY = "    join: {discovery: true, min_rank_start: 1%s}\n"
+
+
+@pytest.mark.parametrize("bind", ["10.0.0.1", "0.0.0.0", "ctrl.example.com", "::"])
+def test_a_network_discovery_window_nobody_can_enter_is_an_error(bind: str) -> None:
+    text = f"cluster:\n  controller:\n    host: '{bind}'\n" + DISCOVERY % ""
+    p = only(problems_of(text), "cluster.controller.join.discovery")
+    assert p.severity == "error" and "admits no walk-in" in p.message and "no roster" in p.message
+    assert p.hint and "token" in p.hint and "tunnel_only" in p.hint and "open_admission" in p.hint
+
+
+def test_with_a_roster_only_the_walk_ins_are_locked_out_a_warning() -> None:
+    text = (
+        "cluster:\n  controller:\n    host: 10.0.0.1\n"
+        + DISCOVERY % ""
+        + "  workers: [{host: a, local_devices: [0]}]\n"
+    )
+    (warning,) = warnings_for(load(text))
+    assert warning.path == "cluster.controller.join.discovery" and warning.severity == "warning"
+    assert "only the 1 fanned-out worker(s) can join" in warning.message
+
+
+@pytest.mark.parametrize(
+    ("bind", "knob"),
+    [
+        ("127.0.0.1", ""),  # loopback: open admission by construction
+        ("10.0.0.1", ", token: " + "ab" * 16),
+        ("10.0.0.1", ", open_admission: true"),
+        ("10.0.0.1", ", tunnel_only: true"),  # binds loopback at launch
+    ],
+)
+def test_walk_ins_that_can_verify_are_no_problem(bind: str, knob: str) -> None:
+    text = f"cluster:\n  controller:\n    host: {bind}\n" + DISCOVERY % knob
+    assert [p for p in problems_of(text) if p.path.endswith("discovery")] == []
+    assert [w for w in warnings_for(load(text)) if w.path.endswith("discovery")] == []
+
+
+def test_problems_never_print_what_a_terminal_acts_on() -> None:
+    (p,) = problems_of('join:\n  "ev\\u202eil\\x9b": 1\n')
+    assert all(line.isprintable() for line in p.render().splitlines())
+    assert "\\u202e" in p.render() and "\u202e" not in p.render()

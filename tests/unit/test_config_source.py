@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flodl_agent.config import ConfigError, load_config, load_document, parse_yaml
-from flodl_agent.config.source import MAX_NODES, deep_merge
+from flodl_agent.config.source import MAX_DEPTH, MAX_NODES, deep_merge
 
 
 def error_of(text: str) -> tuple[str, int | None, str]:
@@ -32,6 +32,44 @@ def test_duplicate_keys_are_errors_not_silently_merged() -> None:
 def test_non_string_keys_are_refused() -> None:
     path, line, message = error_of("env:\n  1: x\n")
     assert (path, line) == ("env", 2) and "not a string" in message
+
+
+def test_every_key_problem_is_reported_in_one_pass_and_complex_keys_by_their_text() -> None:
+    text = "a: 1\na: 2\nb:\n  c: 1\n  c: 2\n? [x, y]\n: 1\n? {k: v}\n: 2\n~: 3\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_yaml(text, "f.yml")
+    found = [(p.path, p.line, p.message) for p in caught.value.problems]
+    assert found == [
+        ("a", 2, "duplicate key `a` (first at line 1)"),
+        ("b.c", 5, "duplicate key `c` (first at line 4)"),
+        ("<document>", 6, "key `[x, y]` is not a string"),
+        ("<document>", 8, "key `{k: v}` is not a string"),
+        ("<document>", 10, "key `~` is not a string"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x: " + "[" * 1000 + "]" * 1000 + "\n",  # about 2 KiB: the composer's recursion, before
+        "x: " + "{a: " * 1000 + "1" + "}" * 1000 + "\n",
+        "- " * 1000 + "1\n",
+        # shallow as written, deep once the aliases are expanded
+        "\n".join(
+            ["x0: &x0 " + "[" * 20 + "1" + "]" * 20]
+            + [f"x{i}: &x{i} " + "[" * 20 + f"*x{i - 1}" + "]" * 20 for i in range(1, 60)]
+        )
+        + "\n",
+    ],
+)
+def test_deep_nesting_is_refused_with_the_limit(text: str) -> None:
+    _, line, message = error_of(text)
+    assert message == f"nests deeper than {MAX_DEPTH} levels" and line is not None
+
+
+def test_nesting_up_to_the_limit_loads() -> None:
+    depth = MAX_DEPTH - 1  # the top-level mapping is one level
+    assert parse_yaml("x: " + "[" * depth + "]" * depth + "\n", "f.yml").data is not None
 
 
 def test_syntax_errors_carry_their_line() -> None:

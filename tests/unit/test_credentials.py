@@ -82,7 +82,6 @@ def test_an_agent_spec_key_is_a_token_or_a_fan_out_key(key: str, valid: bool) ->
         ("-", TOKEN + "\n", {"FDL_TOKEN": "ff" * 16}, TOKEN),  # --token - beats FDL_TOKEN
         (None, None, {"FDL_TOKEN": f" {TOKEN} "}, TOKEN),
         (None, None, {}, None),
-        ("-", "\n", {}, None),
     ],
 )
 def test_a_token_comes_from_stdin_then_the_environment(
@@ -96,6 +95,8 @@ def test_a_token_comes_from_stdin_then_the_environment(
     [
         (TOKEN, None, {}, "a token in argv is visible"),
         ("-", "short\n", {}, "the token from stdin is not 32 hex"),
+        ("-", "\n", {}, "--token - read no token: stdin was empty"),  # asked for one, got none
+        ("-", "", {"FDL_TOKEN": TOKEN}, "--token - read no token"),
         (None, None, {"FDL_TOKEN": "short"}, "the token from FDL_TOKEN is not 32 hex"),
     ],
 )

@@ -28,6 +28,7 @@ PYDANTIC = IO_MODULES - {"socket"}
 PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.errors": IO_MODULES,
     "flodl_agent.address": IO_MODULES,
+    "flodl_agent.names": IO_MODULES,
     "flodl_agent.pin": IO_MODULES,
     "flodl_agent.credentials": IO_MODULES,
     "flodl_agent.sources": IO_MODULES,

@@ -280,8 +280,8 @@ def test_join_a_bin_flag_under_join_source_gets_a_note() -> None:
     [
         ({}, "ADDRESS", "refusal", "no controller address"),
         ({"address": "host:notaport"}, "ADDRESS", "param", "port"),
-        ({"ssh": "me@host:99999"}, "--ssh", "param", "is not [user@]host[:port]"),
-        (ADDR | {"devices": "gpu0"}, "--devices", "refusal", "--devices:"),
+        ({"ssh": "me@host:99999"}, "--ssh", "param", "`99999` is not a port"),
+        (ADDR | {"devices": "gpu0"}, "--devices", "param", "`gpu0` is not a device offer"),
         (ADDR | {"pin": "sha256:xyz"}, "--tls-fingerprint", "param", ""),
         (ADDR | {"docker": "--rm"}, "--docker", "param", "is not a compose service name"),
     ],
@@ -293,6 +293,39 @@ def test_join_refusals_name_the_flag(flags: dict[str, Any], param: str, kind: st
     assert words in caught.value.message
     if kind == "refusal" and param == "ADDRESS":
         assert caught.value.fix and "--ssh" in caught.value.fix
+
+
+@pytest.mark.parametrize(
+    ("flags", "param", "words"),
+    [
+        (ADDR | {"host": ""}, "--host", "is empty"),  # not silently this box's hostname
+        (ADDR | {"host": "a b"}, "--host", "no spaces"),
+        (ADDR | {"host": "../../etc"}, "--host", "no spaces, `/`"),
+        (ADDR | {"host": "a\\b"}, "--host", "no spaces"),
+        (ADDR | {"host": "a" * 254}, "--host", "at most 253"),
+        (ADDR | {"host": "ev\u202eil"}, "--host", "bidi"),
+        (ADDR | {"devices": ""}, "--devices", "is empty"),  # not silently every GPU
+        (ADDR | {"devices": "cpu:1025"}, "--devices", "at most 1024"),
+        (ADDR | {"devices": "cpu:100000"}, "--devices", "at most 1024"),
+        ({"address": ""}, "ADDRESS", "is empty"),
+        ({"address": "http://127.0.0.1:1337"}, "ADDRESS", "drop the `http://`"),
+        ({"address": "fd00::1"}, "ADDRESS", "in brackets"),
+        ({"ssh": "me@http://door"}, "--ssh", "drop the `http://`"),
+        ({"ssh": "-oProxyCommand=x@door"}, "--ssh", "starts with `-`"),
+    ],
+)
+def test_join_refuses_what_cannot_work_before_any_dial(flags: dict[str, Any], param: str, words: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        join(flags, {}, {})
+    assert caught.value.param == param and caught.value.kind == "param"
+    assert words in caught.value.message
+
+
+def test_join_a_hostname_that_is_no_host_name_asks_for_host() -> None:
+    with pytest.raises(OptionError) as caught:
+        resolve_join(JoinFlags(address="10.0.0.1:9"), AgentSpec(), Join(), "bad host")
+    assert caught.value.kind == "refusal" and "this box's hostname" in caught.value.message
+    assert caught.value.fix == "name the box with --host NAME"
 
 
 def test_probe_join_takes_a_cluster_entry_and_refuses_a_bad_one() -> None:
@@ -382,6 +415,13 @@ def test_publish_refusals_name_the_source(flags: dict[str, Any], param: str, kin
 
 
 # --- fdl status / fdl start ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["", "http://127.0.0.1:1337", "fd00::1", "ctrl:99999", "a b"])
+def test_status_refuses_an_address_that_is_not_one(flag: str) -> None:
+    with pytest.raises(OptionError) as caught:
+        resolve_addr(flag, None, "/p/fdl.cluster.yml")
+    assert caught.value.param == "--addr" and caught.value.kind == "param"
 
 
 @pytest.mark.parametrize(

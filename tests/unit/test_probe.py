@@ -60,7 +60,7 @@ def test_no_torch_fails_a_worker_but_not_a_controller() -> None:
     facts = Facts(torch=Torch(error="ModuleNotFoundError: No module named 'torch'"))
     (torch,) = check(facts)
     assert torch.level == "fail" and "flodl_worker_libtorch: auto" in torch.fix
-    join_window = {"discovery": True, "min_rank_start": 1}
+    join_window = {"discovery": True, "min_rank_start": 1, "token": "ab" * 16}
     cluster = Cluster.model_validate({"controller": {"host": "0.0.0.0", "join": join_window}})
     controller = check(facts, cluster=cluster)
     assert levels(controller, "torch") == ["ok"]

@@ -14,6 +14,7 @@ from flodl_agent.config import ConfigError, FdlConfig, parse_yaml, to_yaml, vali
 from flodl_agent.config.models import RANK_IDENTITY, RESERVED_PREFIX, VISIBILITY_MASKS
 
 names = st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True)
+dns_names = st.from_regex(r"[a-z]([a-z0-9-]{0,9}[a-z0-9])?", fullmatch=True)  # no label ends in `-`
 paths = st.from_regex(r"/[a-z0-9_]{1,8}(/[a-z0-9_.-]{1,8}){0,3}", fullmatch=True)
 env_keys = st.from_regex(r"[A-Z_][A-Z0-9_]{0,12}", fullmatch=True).filter(
     lambda k: k not in VISIBILITY_MASKS and k not in RANK_IDENTITY and not k.startswith(RESERVED_PREFIX)
@@ -28,7 +29,7 @@ shares = st.floats(min_value=0.01, max_value=4.0, allow_nan=False)
 ssh = st.fixed_dictionaries(
     {},
     optional={
-        "target": names,
+        "target": dns_names,
         "port": st.integers(1, 65535),
         "user": names,
         "identity_file": paths,
@@ -98,6 +99,13 @@ def clusters(draw: st.DrawFn) -> dict[str, Any]:
     for key, strategy in [("path", paths), ("docker", names), ("join", st.just(join))]:
         if draw(st.booleans()) or key == "join":
             controller[key] = draw(strategy)
+    if (
+        not hosts
+        and controller["host"] != "127.0.0.1"
+        and not join.get("tunnel_only")
+        and "token" not in join
+    ):
+        join["open_admission"] = True  # with no roster, a network bind must let walk-ins verify
     cluster: dict[str, Any] = {"controller": controller, "workers": workers}
     if draw(st.booleans()):
         cluster["env"] = draw(env)

@@ -55,7 +55,7 @@ def test_status_shows_ranks_as_people_count_them_and_every_ranks_progress() -> N
     row = next(line for line in text.splitlines() if line.startswith("\u2502 0 "))
     assert "120" in row and "19.50" in row and "0.25" in row and "0m01s ago" in row
     assert "0m42s ago" in text  # box-b's heartbeat age
-    assert "averaging: 12 rounds, the last in 0.0421 s" in text
+    assert "averaging: 12 rounds, the last in 42.1 ms" in text
 
 
 def test_a_fleet_sized_ranks_table_is_cut_with_a_pointer_to_the_rest() -> None:

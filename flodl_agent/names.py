@@ -1,0 +1,81 @@
+"""Names and text from users and peers: the one host-name rule, and text a terminal cannot act on.
+
+A host name is a roster entry (``cluster.workers[].host``, ``join.host``), a walk-in's
+``--host`` and the hello's ``host``: one rule for all of them, checked where each is
+taken, so a name the config accepts is one the controller admits.
+
+Peer-supplied text reaches operators' terminals and logs. A code point that is not
+printable (C0 and C1 controls, DEL, the line and paragraph separators, the bidi
+embeddings, overrides, isolates and marks, zero-width and other format characters)
+can rewrite what a terminal shows: a C1 CSI starts an escape sequence, U+202E turns
+the rest of a line around. Names with one are refused; other text is shown with each
+such code point escaped (``printable``). "Printable" is Python's ``str.isprintable``:
+every letter, digit, mark, punctuation and symbol, and the plain space.
+
+Pure: no IO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+HOST_NAME_MAX = 253  # a full DNS name; the hello carries no longer one
+SHOWN_MAX = 60  # characters of a bad value quoted back in a message
+_FORBIDDEN = "/\\:@"  # a path, an address (host:port), a login (user@host)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every code point a terminal would act on written as an escape (``\\u202e``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def unprintable(text: str) -> str | None:
+    """The first code point of ``text`` a terminal would act on, escaped; ``None`` when none is."""
+    if text.isprintable():
+        return None
+    return _escape(next(c for c in text if not c.isprintable()))
+
+
+def safe_lines(log: Callable[[str], None]) -> Callable[[str], None]:
+    """``log`` for lines that quote peers: each one written through :func:`printable`."""
+    return lambda line: log(printable(line))
+
+
+def shown(text: str, limit: int = SHOWN_MAX) -> str:
+    """A value quoted back in a message: escaped, and cut to ``limit`` characters."""
+    cut = text if len(text) <= limit else text[: limit - 1] + "…"
+    return printable(cut)
+
+
+def name_problem(name: str, what: str = "host name") -> tuple[str, str] | None:
+    """Why ``name`` cannot be a ``what`` (a message and its fix), or ``None`` when it can.
+
+    Not empty, at most 253 characters, printable, and no whitespace, ``/``, ``\\``,
+    ``:`` or ``@``; nor a leading ``-`` (ssh, the default transport to a roster host,
+    would read the name as an option)."""
+    fix = "use letters, digits, `.`, `-` and `_`, e.g. box-7"
+    if not name:
+        return "is empty", f"give it a name ({fix})"
+    if len(name) > HOST_NAME_MAX:
+        return f"is {len(name)} characters long: a {what} has at most {HOST_NAME_MAX}", "shorten it"
+    hidden = unprintable(name)  # every whitespace but the space is unprintable, too
+    if hidden is not None:
+        return (
+            f"`{shown(name)}` is not a {what}: it holds {hidden}, a control, bidi or invisible character",
+            f"type the name again by hand ({fix})",
+        )
+    bad = [c for c in name if c == " " or c in _FORBIDDEN]
+    if bad:
+        return f"`{shown(name)}` is not a {what}: no spaces, `/`, `\\`, `:` or `@`", fix
+    if name.startswith("-"):
+        return f"`{shown(name)}` is not a {what}: it starts with `-`, which ssh reads as an option", fix
+    return None
