@@ -1,7 +1,9 @@
 """A join storm: N walk-ins dial one controller at once; how fast does the world form?
 
 Ours: one in-process ``Controller`` (open admission on 127.0.0.1, auto start,
-quorum = target = N) and N simulated agents, each a raw asyncio connection that
+quorum = target = N; with ``--bound``, a token and every walk-in in the roster,
+so each hello is verified under the key derived for the name it gives: one
+HKDF per hello) and N simulated agents, each a raw asyncio connection that
 speaks the real join protocol (challenge, hello, accept, rekey, WorldFormed,
 RANK_EXITED, close). Per N it reports admissions per second (N over first dial
 to last Accept), formation latency (the last hello sent to the last WorldFormed
@@ -38,7 +40,9 @@ import contextlib
 import gc
 import json
 import math
+import os
 import resource
+import secrets
 import subprocess
 import sys
 import time
@@ -150,15 +154,20 @@ def check_world(world: WorldFormed, host: str, first: int, n: int) -> None:
         raise AssertionError(f"{host} was promised rank {first}, the world says {world.host}")
 
 
-async def walk_in(i: int, port: int, dials: asyncio.Semaphore, side: Walkins) -> None:
-    """One simulated agent: the agent's own protocol objects over a raw connection."""
-    host = f"walkin-{i:05d}"
+def name(i: int) -> str:
+    return f"walkin-{i:05d}"
+
+
+async def walk_in(i: int, port: int, dials: asyncio.Semaphore, side: Walkins, run_key: bytes | None) -> None:
+    """One simulated agent: the agent's own protocol objects over a raw connection; with
+    ``run_key``, it dials with its own name's key, as a provisioned worker does."""
+    host = name(i)
     async with dials:  # held through Accept: bounds the handshakes in flight, not the open links
         if side.first_dial is None:
             side.first_dial = time.perf_counter()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            client = JoinClient(None)  # loopback bind means open admission
+            client = JoinClient(wire.host_key(run_key, host) if run_key else None)
             writer.write(client.start())
             challenged = await next_event(reader, client)
             if not isinstance(challenged, Challenged):
@@ -166,8 +175,8 @@ async def walk_in(i: int, port: int, dials: asyncio.Semaphore, side: Walkins) ->
             writer.write(client.hello({"host": host, "devices": ["cpu:0"]}))
             side.hellos.append(time.perf_counter())
             accepted = await next_event(reader, client)
-            if not isinstance(accepted, Accepted) or accepted.accept.salt is None:
-                raise AssertionError(f"expected an open-admission accept, got {accepted!r}")
+            if not isinstance(accepted, Accepted) or (accepted.accept.salt is None) is (run_key is None):
+                raise AssertionError(f"expected an accept, got {accepted!r}")
             side.accepts.append(time.perf_counter())
         except BaseException:
             writer.close()
@@ -195,9 +204,9 @@ async def walk_in(i: int, port: int, dials: asyncio.Semaphore, side: Walkins) ->
             await writer.wait_closed()
 
 
-async def guarded(i: int, port: int, dials: asyncio.Semaphore, side: Walkins) -> None:
+async def guarded(i: int, port: int, dials: asyncio.Semaphore, side: Walkins, run_key: bytes | None) -> None:
     try:
-        await walk_in(i, port, dials, side)
+        await walk_in(i, port, dials, side, run_key)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -211,7 +220,9 @@ async def agents_main(n: int, port: int, dial_concurrency: int) -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
     side = Walkins(n)
     dials = asyncio.Semaphore(dial_concurrency)
-    tasks = [asyncio.create_task(guarded(i, port, dials, side)) for i in range(n)]
+    token = os.environ.get("FDL_TOKEN")  # --bound: the run's token, never in argv
+    run_key = bytes.fromhex(token) if token else None
+    tasks = [asyncio.create_task(guarded(i, port, dials, side, run_key)) for i in range(n)]
     ended = [asyncio.create_task(side.all_formed.wait()), asyncio.create_task(side.failed.wait())]
     await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
     print("formed" if side.all_formed.is_set() else f"failed: {side.errors[0]}", flush=True)
@@ -320,7 +331,7 @@ async def watch_controller(ctl: Controller, watch: Watch, stop: asyncio.Event) -
             await asyncio.wait_for(stop.wait(), 0.02)
 
 
-async def run_storm(n: int, dial_concurrency: int) -> dict[str, Any]:
+async def run_storm(n: int, dial_concurrency: int, bound: bool = False) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     watch = Watch(n)
 
@@ -333,7 +344,9 @@ async def run_storm(n: int, dial_concurrency: int) -> dict[str, Any]:
     rss_before = rss_mb()
     overflows_before = listen_overflows()
     window = WindowConfig(quorum=n, target=n, join_timeout=600, max_join_timeout=1200, start="auto")
-    ctl = Controller(Settings(window=window, command=["true"], port=0))
+    token = secrets.token_hex(16) if bound else None
+    roster = {"roster": [name(i) for i in range(n)], "capacity": n} if bound else {}
+    ctl = Controller(Settings(window=window, command=["true"], port=0, token=token, **roster))
     instrument(ctl, watch)
     await ctl.start()
     stop = asyncio.Event()
@@ -348,6 +361,7 @@ async def run_storm(n: int, dial_concurrency: int) -> dict[str, Any]:
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         limit=1 << 20,
+        env={**os.environ, **({"FDL_TOKEN": token} if token else {})},
     )
     assert agents.stdin is not None and agents.stdout is not None
     verdict = asyncio.create_task(agents.stdout.readline())
@@ -390,7 +404,9 @@ async def run_storm(n: int, dial_concurrency: int) -> dict[str, Any]:
     overflows = None
     if overflows_before is not None and overflows_after is not None:
         overflows = overflows_after - overflows_before
-    return summarize(watch, report, ok, rss_before, rss_peak, teardown_s, overflows)
+    return summarize(watch, report, ok, rss_before, rss_peak, teardown_s, overflows) | {
+        "admission": "bound" if bound else "open"
+    }
 
 
 def poll_detect(watch: Watch) -> float | None:
@@ -481,9 +497,10 @@ def describe(r: dict[str, Any]) -> str:
 # --- driver --------------------------------------------------------------------
 
 
-def run_child(n: int, dial_concurrency: int) -> dict[str, Any]:
+def run_child(n: int, dial_concurrency: int, bound: bool) -> dict[str, Any]:
     """Each N in a fresh interpreter: clean RSS, a fresh loop, no leftovers from the last storm."""
     argv = [sys.executable, "-m", "bench.join_storm", "--child", str(n), "--dials", str(dial_concurrency)]
+    argv += ["--bound"] if bound else []
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=4 * storm_timeout(n))
     except subprocess.TimeoutExpired:
@@ -506,6 +523,11 @@ def main() -> None:
     parser.add_argument(
         "--dials", type=int, default=DIAL_CONCURRENCY, help="handshakes in flight (default %(default)s)"
     )
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="names bound to keys: a token, every walk-in in the roster, each hello under its name's key",
+    )
     # Internal: one storm's controller side, and its agents' side.
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--agents", type=int, help=argparse.SUPPRESS)
@@ -515,7 +537,7 @@ def main() -> None:
         asyncio.run(agents_main(args.agents, args.port, args.dials))
         return
     if args.child is not None:
-        print(json.dumps(asyncio.run(run_storm(args.child, args.dials))))
+        print(json.dumps(asyncio.run(run_storm(args.child, args.dials, args.bound))))
         return
     ns = args.n or (QUICK_NS if args.quick else FULL_NS)
     # One descriptor per agent in each process (agents' ends, controller's ends); children inherit.
@@ -528,7 +550,7 @@ def main() -> None:
         if n < asked:
             print(f"note: N={asked} needs {asked + FD_SLACK} descriptors per process, the limit is {limit}; "
                   f"capped to {n}")  # fmt: skip
-        result = run_child(n, args.dials)
+        result = run_child(n, args.dials, args.bound)
         if n < asked:
             result["capped_from"] = asked
         print(describe(result) if "admissions_per_s" in result else f"n={n}: FAILED: {result['error']}")

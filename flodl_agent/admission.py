@@ -1,14 +1,18 @@
 """Admission: is this hello welcome in this cohort? (pure)
 
-The cohort's references (vendor, run identity, NCCL version, model and
-dataset signatures) are read off the members admitted so far, so a member
-leaving before formation takes its vote with it. Every refusal condemns only
-the dial that caused it, names the cause and the fix, and says whether
-re-dialling can help (transient) or not (permanent). Permanent is for what is
-wrong with the box itself (no name, no device, its NCCL against the cohort's);
-a box that does not fit this launch's plane or cohort (a tunnel, CPU ranks or
-another vendor under NCCL) is refused transiently, so a standing fleet's
-``--persist`` units stay up for the next launch.
+A window with a roster admits the roster's names, and names outside it only
+into the room its target leaves beyond the roster (``Roster``). That a hello
+may use the name it gives is settled before admission: a bound hello is tagged
+with that name's host key (``join_protocol``). The cohort's references
+(vendor, run identity, NCCL version, model and dataset signatures) are read
+off the members admitted so far, so a member leaving before formation takes
+its vote with it. Every refusal condemns only the dial that caused it, names
+the cause and the fix, and says whether re-dialling can help (transient) or
+not (permanent). Permanent is for what is wrong with the box itself (no name,
+no device, its NCCL against the cohort's); a box that does not fit this
+launch's plane or cohort (a tunnel, CPU ranks or another vendor under NCCL) is
+refused transiently, so a standing fleet's ``--persist`` units stay up for the
+next launch.
 """
 
 from __future__ import annotations
@@ -35,21 +39,47 @@ def _major_minor(version: str) -> str:
 _REFERENCES = ("vendor", "nccl", "model_sig", "dataset_sig")
 
 
+@dataclass(frozen=True)
+class Roster:
+    """The names a window admits: its configured workers', and room for walk-ins beyond them.
+
+    ``room``: the ranks that hosts outside ``names`` may hold together; ``None``: any number
+    (a discovery window, or one without a roster: whoever walks in is the world).
+    """
+
+    names: frozenset[str] = frozenset()
+    room: int | None = None
+    capacity: int | None = None  # the roster's configured ranks (None: a worker offers `all`, uncounted)
+
+    @classmethod
+    def of(cls, names: Iterable[str], capacity: int | None, target: int | None, discovery: bool) -> Roster:
+        """A roster window leaves walk-ins the ranks its target has beyond the roster's
+        capacity ("target_ranks above the configured capacity"), and none when either is
+        unknown or the target has nothing beyond it: the roster's ranks are the roster's."""
+        names = frozenset(names)
+        if discovery or not names:
+            return cls(names, None, capacity)
+        room = 0 if capacity is None or target is None else max(0, target - capacity)
+        return cls(names, room, capacity)
+
+
 class Cohort:
     """The hellos admitted so far, in admission order.
 
-    Keeps, for each compared attribute, the first member that set it, so a
-    check costs O(1) however many boxes walked in; only the departure of such
-    a reference member costs a scan.
+    Keeps, for each compared attribute, the first member that set it, and the
+    ranks held by hosts outside the roster, so a check costs O(1) however many
+    boxes walked in; only the departure of a reference member costs a scan.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, roster: Roster | None = None) -> None:
+        self.roster = roster or Roster()
+        self.outside = 0  # ranks held by members outside the roster
         self._by_host: dict[str, Hello] = {}
         self._refs: dict[str, Hello | None] = dict.fromkeys(_REFERENCES)
 
     @classmethod
-    def of(cls, hellos: Iterable[Hello]) -> Cohort:
-        cohort = cls()
+    def of(cls, hellos: Iterable[Hello], roster: Roster | None = None) -> Cohort:
+        cohort = cls(roster)
         for hello in hellos:
             cohort.add(hello)
         return cohort
@@ -76,12 +106,16 @@ class Cohort:
 
     def add(self, hello: Hello) -> None:
         self._by_host[hello.host] = hello
+        if hello.host not in self.roster.names:
+            self.outside += len(hello.devices)
         for attr in _REFERENCES:
             if self._refs[attr] is None and getattr(hello, attr):
                 self._refs[attr] = hello
 
     def remove(self, host: str) -> None:
         gone = self._by_host.pop(host, None)
+        if gone is not None and host not in self.roster.names:
+            self.outside -= len(gone.devices)
         for attr in _REFERENCES:
             if gone is not None and self._refs[attr] is gone:
                 self._refs[attr] = next((h for h in self._by_host.values() if getattr(h, attr)), None)
@@ -135,6 +169,9 @@ def check(cohort: Cohort, hello: Hello, plane: Plane, tunnel_only: bool = False)
                 True,
             )
         seen.add(device)
+    refusal = _outside_roster(cohort, hello)
+    if refusal is not None:
+        return refusal
     if hello.host in cohort:
         return Refusal(
             "host_joined",
@@ -197,6 +234,41 @@ def check(cohort: Cohort, hello: Hello, plane: Plane, tunnel_only: bool = False)
         # A box without a signature is not compared here: the formation check is its backstop.
         if ref is not None and getattr(hello, attr) and getattr(ref, attr) != getattr(hello, attr):
             return Refusal(code, f"{what} (first signed by {ref.host})", fix)
+    return None
+
+
+def _outside_roster(cohort: Cohort, hello: Hello) -> Refusal | None:
+    """A name outside the roster takes the room beyond it, or is refused."""
+    roster, host, count = cohort.roster, hello.host, len(hello.devices)
+    if roster.room is None or host in roster.names:
+        return None
+    if roster.room == 0:
+        held = "an unknown number of" if roster.capacity is None else f"all {roster.capacity}"
+        return Refusal(
+            "not_in_roster",
+            f"host {host} is not in this run's roster (cluster.workers), and the window's ranks are "
+            f"{held} the roster's: it leaves no room for walk-ins",
+            "dial as this box's cluster.workers name (--host, join.host), add it to cluster.workers, "
+            "or make room for walk-ins: cluster.controller.join.target_ranks above the roster's "
+            "ranks, or discovery: true",
+            permanent=True,
+        )
+    if count > roster.room:
+        return Refusal(
+            "walk_in_room",
+            f"host {host} is not in this run's roster and offers {count} ranks; the window's room "
+            f"beyond its roster is {roster.room}",
+            "offer fewer devices (--devices), or raise cluster.controller.join.target_ranks",
+            permanent=True,
+        )
+    if cohort.outside + count > roster.room:
+        return Refusal(
+            "walk_in_room",
+            f"host {host} is not in this run's roster, and walk-ins already hold {cohort.outside} of "
+            f"the {roster.room} ranks the window leaves beyond it",
+            "wait: a walk-in that leaves frees its ranks (--persist re-dials); or raise "
+            "cluster.controller.join.target_ranks",
+        )
     return None
 
 

@@ -57,7 +57,7 @@ KILL_GRACE = 5.0
 class AgentOptions:
     controller_host: str = "127.0.0.1"
     controller_port: int = 1337
-    key: bytes | None = None  # join.token or the fan-out salt; None under open admission
+    key: bytes | None = None  # this box's host key (options.join_key); None under open admission
     host: str = field(default_factory=socket.gethostname)
     devices: DeviceOffer = field(default_factory=lambda: DeviceOffer("all"))
     bin: str | None = None  # this box's own entry point: with args, its ranks' command

@@ -2,12 +2,14 @@
 
 It travels as hex-encoded JSON on the fan-out session's stdin (``fdl join
 --spec-stdin``, ``fdl probe --spec-stdin``) or in FLODL_INTERNAL_AGENT_JSON,
-never in argv: the key in it is the run's credential.
+never in argv: the key in it is a credential. A launcher hands each agent
+``host_key``, the key of its own name alone; ``key`` (the run's token, from
+which an agent derives its name's key) is for a spec written by hand.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .config import Worker
 from .config.fields import Service, Variant
@@ -22,7 +24,8 @@ class AgentSpec(BaseModel):
     host: str | None = None
     controller_host: str | None = None
     controller_port: int = Field(1337, ge=1, le=65535)
-    key: str | None = Field(None, pattern=SPEC_KEY_PATTERN)
+    key: str | None = Field(None, pattern=SPEC_KEY_PATTERN)  # the run's token: any name's key derives from it
+    host_key: str | None = Field(None, pattern=SPEC_KEY_PATTERN)  # the key of ``host`` alone
     devices: str | None = None
     data_path: str = ""
     env: dict[str, str] = Field(default_factory=dict)
@@ -38,10 +41,16 @@ class AgentSpec(BaseModel):
     gpu_ram_share: float | None = Field(None, gt=0, allow_inf_nan=False)  # cluster.workers[].gpu_ram_share
     docker: Service | None = None  # cluster.workers[].docker: the compose service the ranks run in
 
+    @model_validator(mode="after")
+    def _bound(self) -> AgentSpec:
+        if self.host_key is not None and self.host is None:
+            raise ValueError("host_key is the key of one host name: the spec must name the host")
+        return self
+
 
 def for_worker(worker: Worker, **dial: object) -> AgentSpec:
     """What a worker entry tells the agent (or the probe) on its box; ``dial`` adds the
-    controller_host, controller_port and key a launch hands its agents."""
+    controller_host, controller_port and host_key a launch hands its agents."""
     return AgentSpec.model_validate(
         {
             "host": worker.host,

@@ -27,11 +27,11 @@ from urllib.parse import parse_qs
 
 from . import wire
 from .address import is_loopback
-from .admission import Cohort, Refusal, check
+from .admission import Cohort, Refusal, Roster, check
 from .controller_settings import Settings
 from .controller_view import ControllerView, host_json
 from .hub import Hub
-from .join_protocol import Closed, HelloReceived, JoinServer, Message
+from .join_protocol import Closed, HelloReceived, JoinServer, Message, WrongKey
 from .listener import Listener, Timeouts
 from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
@@ -77,12 +77,12 @@ class Controller:
         self.timeouts = timeouts = timeouts or Timeouts()
         self.salt = wire.new_salt()
         self.key = wire.run_key(settings.token, self.salt)
-        # A configured token always forces credential-checked admission.
+        # A configured token always forces credential-checked admission, names bound to host keys.
         self.open = settings.token is None and (settings.open_admission or is_loopback(settings.bind))
-        self.join_key = wire.OPEN_KEY if self.open else self.key
         self.window = Window(settings.window, self.clock())
         self.links: dict[str, Link] = {}
-        self.cohort = Cohort()
+        window = settings.window
+        self.cohort = Cohort(Roster.of(settings.roster, settings.capacity, window.target, window.discovery))
         self.view = ControllerView(self)
         self.note = self.view.note  # log an event of the window, and keep it for the page's timeline
         self.listener = Listener(
@@ -332,9 +332,13 @@ class Controller:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
     ) -> Link | None:
         """Challenge, hello, admission; the admitted host's link, or None."""
-        conn = JoinServer(self.join_key, self.key, salt=self.salt if self.open else None)
+        conn = JoinServer(None if self.open else self.key, salt=self.salt)
         writer.write(conn.start())
-        event = await next_event(reader, conn, self.timeouts.hello)
+        try:
+            event = await next_event(reader, conn, self.timeouts.hello)
+        except WrongKey as exc:
+            writer.write(exc.reply)  # the box learns why; the listener counts the bad tag and hangs up
+            raise
         if not isinstance(event, HelloReceived):
             return None  # the peer hung up
         hello = event.hello
@@ -368,6 +372,10 @@ class Controller:
                 self._closed(link)
             return None
         return link
+
+    def host_key(self, host: str) -> bytes | None:
+        """What an agent dials as ``host`` with (a fan-out's spec); None under open admission."""
+        return None if self.open else wire.host_key(self.key, host)
 
     def _admit(self, hello: Hello) -> Refusal | None:
         if not self.window.can_admit():

@@ -27,6 +27,9 @@ class Settings:
     env: dict[str, str] = field(default_factory=dict)
     launch: str = ""  # this launch's label (8 hex): logs, /state.json, TORCHELASTIC_RUN_ID
     roster: list[str] = field(default_factory=list)  # configured workers, in rank order
+    # The roster's configured ranks (None: unknown, a worker offers `all` uncounted): with the
+    # window's target, the room left to walk-ins outside the roster (admission.Roster).
+    capacity: int | None = None
     max_failure: str = "0"  # ranks that may fail mid-run: "N", or "P%" of the formed world
     shutdown_grace: float = 60.0  # seconds survivors get to save before the run is aborted
     stall_ceiling: float = 600.0  # seconds an averaging round may wait for its last host

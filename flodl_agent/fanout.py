@@ -1,8 +1,9 @@
 """Fan-out: start one agent per configured worker over OpenSSH.
 
 Sugar over the join protocol: each agent dials back in like any walk-in. The
-agent spec — and with it the run key — travels on the ssh session's stdin,
-never in argv (argv is visible to every user of both boxes). Before starting,
+agent spec — and with it the agent's host key, derived from the run key for
+that worker's name alone — travels on the ssh session's stdin, never in argv
+(argv is visible to every user of both boxes). Before starting,
 the remote side kills orphans of an earlier launch of the same cluster on
 that host (a kill -9 on a launcher skips its clean-up).
 """
@@ -53,9 +54,10 @@ class Plan:
     stdin: bytes
 
 
-def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | None = None) -> Plan:
-    """``bind`` is where the controller actually listens (it can differ from
-    ``cluster.controller.host``, e.g. under tunnel_only)."""
+def plan(worker: Worker, cluster: Cluster, port: int, key: bytes | None, bind: str | None = None) -> Plan:
+    """``key``: the worker's host key (None under open admission); ``bind`` is where the
+    controller actually listens (it can differ from ``cluster.controller.host``, e.g. under
+    tunnel_only)."""
     ctl_host = dial_address(cluster)
     dial_host, extra = ctl_host, []
     # Under tunnel_only the controller binds loopback: every worker must come through ssh.
@@ -67,9 +69,8 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes, bind: str | No
         extra = ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:{join_address(far, port)}"]
         dial_host = "127.0.0.1"
     tag = orphan_tag(f"{ctl_host}:{port}", worker)
-    spec = for_worker(
-        worker, controller_host=dial_host, controller_port=port, key=key.hex(), tunnel=bool(extra)
-    )
+    keyed = {"host_key": key.hex()} if key is not None else {}
+    spec = for_worker(worker, controller_host=dial_host, controller_port=port, tunnel=bool(extra), **keyed)
     argv = worker_ssh(worker, extra)
     argv.append(remote_command(tag, worker.path or cluster.controller.path, worker.arch))
     return Plan(worker.host, argv, encode(spec))

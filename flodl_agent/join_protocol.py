@@ -11,23 +11,28 @@ The exchange::
 
     agent                                   controller
       "FLJ1"                   ──>
-                               <──          Challenge {nonce}   (run key, or zeros when open)
+                               <──          Challenge {nonce, bound}   (under zeros)
                                             (or wire.RATE_LIMITED, then close: the dial guard said no)
       Hello {nonce echoed, client_nonce, host, devices, …}  ──>
+                                            (bound: tagged with the host key of the name it gives)
                                <──          Accept {ranks, salt?}  |  Reject {reason, fix, permanent}
-      ── both sides rekey: connection_key(run key, server nonce, client nonce) ──
+                                            (under that host key: the controller proves it holds it)
+                                            (or wire.WRONG_KEY, then close: the tag did not verify)
+      ── both sides rekey: connection_key(host key | open: salt, server nonce, client nonce) ──
                                <──          WorldFormed {…} | Abort {reason}
       Heartbeat / Stream / Average / RankExited  <──>  Stream / Averaged / Abort
 
 The server's challenge makes a captured hello useless on another connection;
 after Accept every frame on the link speaks the connection key, so the link
-and the handshake cannot be spliced either.
+and the handshake cannot be spliced either. A bound hello is verified under
+the key of the host it names (one HKDF per hello, whatever the roster's size),
+so a box can only ever be admitted as the name its key was derived for.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
@@ -60,7 +65,7 @@ NEED_DATA: Final = _NeedData.NEED_DATA
 
 @dataclass(frozen=True)
 class Challenged:
-    """Client: the controller's challenge verified under one of this box's keys."""
+    """Client: the controller's challenge, which this box can answer."""
 
     challenge: Challenge
 
@@ -124,6 +129,29 @@ RATE_LIMITED = Reject(
 )
 
 
+class WrongKey(wire.Dropped):
+    """Server: a bound hello whose tag does not verify under the key of the host it names.
+    A bad dial like any bad tag (counted, charged), except that ``reply`` goes out first: an
+    honest box holding a stale or another host's key learns why and stops."""
+
+    reply = wire.WRONG_KEY
+
+    def __init__(self) -> None:
+        super().__init__("tag", "the hello does not verify under the key of the host it names")
+
+
+def wrong_key(host: str) -> Reject:
+    """What a box reads in ``wire.WRONG_KEY``: its key is not the key of the name it gave."""
+    return Reject(
+        reason=f"the controller cannot verify this box's hello under the key of host {host}: "
+        "this box's key was derived for another name, or from another token",
+        fix="a host key holds for the name it was made for: dial as that name (join.host), re-run "
+        "site.yml for this box after a rename or a new token, or pass the run's join.token "
+        "(FDL_TOKEN, --token -)",
+        permanent=True,
+    )
+
+
 class JoinError(Exception):
     """The controller's side of the handshake makes no sense to this box.
 
@@ -169,8 +197,10 @@ class _Side:
             raise RuntimeError(f"no link to send {kind.name} on: the connection is {self.state.value}")
         return self.codec.encode_parts(kind, body, blob)
 
-    def _frame(self) -> wire.Frame | _NeedData | Closed:
-        frame = self.codec.next_frame()
+    def _frame(
+        self, key_of: Callable[[wire.Kind, dict[str, Any]], bytes] | None = None
+    ) -> wire.Frame | _NeedData | Closed:
+        frame = self.codec.next_frame() if key_of is None else self.codec.next_frame_keyed(key_of)
         if frame is not None:
             return frame
         if self._eof:
@@ -194,38 +224,57 @@ class _Side:
 class JoinServer(_Side):
     """The controller's side of one join connection (after the ``FLJ1`` preamble).
 
-    ``join_key`` tags the pre-admission frames (the run key, or zeros under open
-    admission); ``run_key`` derives the link's connection key; ``salt`` goes out in
-    Accept under open admission, where reachability is the credential.
+    ``run_key`` set: names are bound. The hello must be tagged with
+    ``wire.host_key(run_key, host)`` for the host it names, the answer goes out under that
+    key, and it derives the link's connection key. ``None`` is open admission, where
+    reachability is the credential: everything before Accept under zeros, and ``salt``
+    (handed out in Accept) derives the connection key.
     """
 
-    def __init__(
-        self, join_key: bytes, run_key: bytes, *, salt: bytes | None = None, nonce: bytes | None = None
-    ):
+    def __init__(self, run_key: bytes | None, *, salt: bytes | None = None, nonce: bytes | None = None):
         # Until admitted, a peer gets a small frame cap: it has proven nothing yet.
-        super().__init__(wire.Codec(join_key, max_payload=wire.PRE_ADMISSION_MAX))
+        super().__init__(wire.Codec(wire.OPEN_KEY, max_payload=wire.PRE_ADMISSION_MAX))
+        if run_key is None and salt is None:
+            raise ValueError("open admission hands a salt out in Accept: pass one")
         self.run_key = run_key
-        self.salt = salt
+        self.salt = salt if run_key is None else None
         self.nonce = nonce if nonce is not None else wire.new_nonce()
         self.hello: Hello | None = None
 
     def start(self) -> bytes:
         """The challenge: the first bytes on the connection."""
-        return self.codec.encode(wire.Kind.CHALLENGE, Challenge(nonce=self.nonce).model_dump())
+        challenge = Challenge(nonce=self.nonce, bound=self.run_key is not None)
+        return self.codec.encode(wire.Kind.CHALLENGE, challenge.model_dump())
+
+    def _claimed(self, kind: wire.Kind, body: dict[str, Any]) -> bytes:
+        """The key a bound hello must be tagged with: the host key of the name it gives."""
+        assert self.run_key is not None
+        host = body.get("host")
+        if kind is not wire.Kind.HELLO:
+            raise wire.Dropped("kind", "expected a hello")
+        if not isinstance(host, str):
+            raise wire.Dropped("payload", "the hello names no host")
+        return wire.host_key(self.run_key, host)
 
     def next_event(self) -> Event | _NeedData:
         """HelloReceived, then (after ``accept``) the host's link messages; Closed at EOF.
 
         Anything that is not an answer to this connection's challenge raises ``wire.Dropped``
-        (the caller hangs up without a reply, and counts the cause); a malformed link message
-        raises ``BadMessage``."""
+        (the caller hangs up without a reply, and counts the cause; a ``WrongKey`` has its
+        reply written first); a malformed link message raises ``BadMessage``."""
         if self.state is State.ADMITTED:
             return self._link_event()
         if self.state is State.ANSWER:
             return NEED_DATA  # admission decides first (accept or refuse)
         if self.state is not State.CHALLENGE:
             return Closed()  # refused or closed: nothing more comes
-        frame = self._frame()
+        try:
+            frame = self._frame(self._claimed if self.run_key is not None else None)
+        except wire.Dropped as exc:
+            if exc.cause == "tag" and self.run_key is not None:
+                self.state = State.REFUSED
+                raise WrongKey() from None
+            raise
         if not isinstance(frame, wire.Frame):
             return frame
         if frame.kind is not wire.Kind.HELLO:
@@ -245,7 +294,8 @@ class JoinServer(_Side):
         """Admit the host at provisional ranks ``[first, first + count)``; the link rekeys."""
         hello = self._deciding()
         data = self.codec.encode(wire.Kind.ACCEPT, Accept(ranks=(first, count), salt=self.salt).model_dump())
-        self._admitted(self.run_key, self.nonce, hello.client_nonce)
+        # Bound: the codec holds the hello's host key; open: the salt derives the link's key.
+        self._admitted(self.codec.key if self.salt is None else self.salt, self.nonce, hello.client_nonce)
         return data
 
     def refuse(self, reason: str, fix: str = "", *, permanent: bool = False) -> bytes:
@@ -265,17 +315,22 @@ class JoinServer(_Side):
 class JoinClient(_Side):
     """The agent's side of one join connection.
 
-    ``key`` is the run's join.token (or a launcher's salt); ``None`` under open
-    admission. The challenge is tagged with the run key, or with zeros under open
-    admission: the client tries the key it holds, then zeros.
+    ``key`` is this box's host key: derived from the run's token for the name its hello
+    gives (``wire.host_key``), or handed to it for that name (join.host_key, a launcher's
+    spec); ``None`` under open admission. A box holding a key dials only a controller that
+    asks for one (a bound challenge), and trusts its answer only under that key.
     """
 
     def __init__(self, key: bytes | None) -> None:
-        super().__init__(wire.Codec(key if key is not None else wire.OPEN_KEY))
+        super().__init__(wire.Codec(wire.OPEN_KEY))
         self.key = key
         self.challenge: Challenge | None = None
         self.client_nonce = b""
-        self._pending = bytearray()  # the challenge's bytes, until a key verifies them
+        self.host = ""  # the name this box's hello gave
+        # Bytes held back until it is clear what they are: the challenge (or RATE_LIMITED),
+        # then the answer (or WRONG_KEY, which is no frame).
+        self._pending = bytearray()
+        self._screening = False
 
     @staticmethod
     def start() -> bytes:
@@ -283,8 +338,8 @@ class JoinClient(_Side):
         return wire.Channel.JOIN.value
 
     def receive_data(self, data: wire.Blob) -> None:
-        if self.state is State.CHALLENGE and data:
-            self._pending += data  # which key verifies it is only known once it is whole
+        if data and (self.state is State.CHALLENGE or self._screening):
+            self._pending += data
             return
         super().receive_data(data)
 
@@ -330,35 +385,45 @@ class JoinClient(_Side):
                 raise JoinError("the controller's first frame is not a challenge (is this a flodl port?)")
             end = wire.HEADER.size + length
             if len(pending) >= end:
-                return self._verify_challenge(bytes(pending[:end]), bytes(pending[end:]))
+                return self._read_challenge(bytes(pending[:end]), bytes(pending[end:]))
         if self._eof:
             self.state = State.CLOSED
             return Closed()
         return NEED_DATA
 
-    def _verify_challenge(self, data: bytes, rest: bytes) -> Event:
+    def _read_challenge(self, data: bytes, rest: bytes) -> Event:
         self._pending = bytearray()
-        first: wire.Frame | None = None
-        for candidate in [k for k in (self.key, wire.OPEN_KEY) if k is not None]:
-            codec = wire.Codec(candidate)
-            codec.feed(data)
-            try:
-                first = codec.next_frame()
-            except wire.Dropped:
-                continue
-            self.codec = codec
-            break
+        self.codec.feed(data)
+        try:
+            first = self.codec.next_frame()
+        except wire.Dropped:
+            first = None
         if first is None:
             raise JoinError(
-                "the controller's challenge does not verify with this box's join key"
-                if self.key is not None
-                else "the controller requires a join key and this box has none",
-                "pass the run's join.token (FDL_TOKEN, --token -, or join.token in fdl.yml)",
+                "the controller's first frame does not verify as a challenge (a controller of "
+                "another flodl version?)",
+                "run the same flodl version on the controller and this box",
                 permanent=True,
             )
         challenge = parse_message(first)
         if not isinstance(challenge, Challenge):
             raise JoinError("the controller did not open with a challenge")
+        if challenge.bound and self.key is None:
+            raise JoinError(
+                "the controller requires a join key and this box has none",
+                "pass the run's join.token (FDL_TOKEN, --token -, or join.token in fdl.yml)",
+                permanent=True,
+            )
+        if not challenge.bound and self.key is not None:
+            # Anyone can send an open challenge: a box that holds a key would be admitted by an
+            # impostor and run whatever it is told.
+            raise JoinError(
+                "this box holds a join key and the controller admits without one (open admission): "
+                "it cannot prove it is this run's controller",
+                "give the controller the run's token (cluster.controller.join.token), or drop the "
+                "key from this box (FDL_TOKEN, --token, join.token, join.host_key)",
+                permanent=True,
+            )
         self.challenge = challenge
         self.state = State.HELLO
         if rest:
@@ -387,10 +452,24 @@ class JoinClient(_Side):
                 ) from None
         nonce = body["client_nonce"]
         self.client_nonce = nonce if isinstance(nonce, bytes) else b""
+        self.host = str(body.get("host", ""))
         self.state = State.ANSWER
+        if self.challenge.bound:
+            assert self.key is not None  # a bound challenge without a key was refused on arrival
+            self.codec.rekey(self.key)  # the hello and its answer speak this host's key
+            self._screening = True  # the answer may be WRONG_KEY instead of a frame
         return self.codec.encode(wire.Kind.HELLO, body)
 
     def _answer(self) -> Event | _NeedData:
+        if self._screening:
+            pending = bytes(self._pending)
+            if pending[: len(wire.WRONG_KEY)] == wire.WRONG_KEY:
+                self.state = State.REFUSED
+                return Refused(wrong_key(self.host))
+            if wire.WRONG_KEY.startswith(pending) and not self._eof:
+                return NEED_DATA  # it may still be the marker
+            self._screening, self._pending = False, bytearray()
+            self.codec.feed(pending)
         frame = self._frame()
         if not isinstance(frame, wire.Frame):
             return frame
@@ -401,6 +480,9 @@ class JoinClient(_Side):
         if not isinstance(reply, Accept):
             raise JoinError("the controller answered the hello with something other than Accept")
         assert self.challenge is not None
-        key = reply.salt if reply.salt is not None else (self.key or wire.OPEN_KEY)
+        if self.challenge.bound:
+            key = self.codec.key  # this host's key: the answer verified under it
+        else:
+            key = reply.salt if reply.salt is not None else wire.OPEN_KEY
         self._admitted(key, self.challenge.nonce, self.client_nonce)
         return Accepted(reply)

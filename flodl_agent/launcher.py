@@ -125,10 +125,9 @@ def controller_for(
 ) -> Controller:
     """``probed``: the ranks of each worker offering ``all``, counted at dispatch."""
     join = cluster.controller.join
+    configured = capacity(cluster, probed)
     try:
-        window = WindowConfig.from_plan(
-            plan_window(join, capacity(cluster, probed)), discovery=join.discovery
-        )
+        window = WindowConfig.from_plan(plan_window(join, configured), discovery=join.discovery)
     except ValueError as exc:
         raise LaunchError(
             str(exc),
@@ -163,6 +162,7 @@ def controller_for(
         env=dict(cluster.env),
         launch=secrets.token_hex(4),
         roster=[w.host for w in cluster.workers],
+        capacity=configured,
         max_failure=options.max_failure,
         stall_ceiling=options.stall_ceiling,
         parallelism=options.parallelism,
@@ -237,7 +237,8 @@ async def launch(
         if options.fanout and cluster.workers:
             try:
                 plans = [
-                    plan(w, cluster, controller.port, controller.key, settings.bind) for w in cluster.workers
+                    plan(w, cluster, controller.port, controller.host_key(w.host), settings.bind)
+                    for w in cluster.workers
                 ]
             except FanoutError as exc:
                 raise LaunchError(str(exc), "or launch with --no-fanout and let workers walk in") from None

@@ -53,6 +53,9 @@ class Msg(BaseModel):
 
 class Challenge(Msg):
     nonce: bytes = Field(min_length=16, max_length=16)  # the hello must echo it: no replay
+    # The hello must be tagged with the key of the host it names (a run key is configured);
+    # False: open admission, every pre-admission frame under zeros.
+    bound: bool = False
 
 
 class Hello(Msg):

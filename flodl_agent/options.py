@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
+from . import wire
 from .address import AddressError, join_address, local_address, split_address
 from .agent_spec import AgentSpec
 from .config import Controller, DeviceOffer, Join, Publish, Ssh, parse_devices
@@ -79,7 +80,7 @@ class JoinSettings:
 
     controller_host: str
     controller_port: int
-    key: bytes | None
+    key: bytes | None  # this box's host key (join_key); None: open admission
     host: str
     devices: DeviceOffer
     bin: str | None
@@ -178,9 +179,6 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         host, port = split_address(addr)
     except AddressError as exc:
         raise OptionError("ADDRESS", exc.render()) from None
-    # The key is the one field where the block beats the spec: a fan-out spec (stdin)
-    # comes with an empty block, so only a hand-set FLODL_INTERNAL_AGENT_JSON meets both.
-    key_hex = flags.token or block.token or spec.key
     try:
         pin = normalize(flags.pin) if flags.pin else None
     except ValueError as exc:
@@ -189,11 +187,12 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         docker = Join.model_validate({"docker": flags.docker}).docker if flags.docker else None
     except ValidationError as exc:
         raise OptionError("--docker", first_error(exc)) from None
+    name = _host(flags.host, spec.host, block.host, hostname)
     return JoinSettings(
         controller_host=host,
         controller_port=port,
-        key=bytes.fromhex(key_hex) if key_hex else None,
-        host=_host(flags.host, spec.host, block.host, hostname),
+        key=join_key(flags, spec, block, name),
+        host=name,
         devices=offer,
         bin=entry,
         ssh=ssh,
@@ -211,6 +210,32 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         gpu_ram_share=block.gpu_ram_share if block.gpu_ram_share is not None else spec.gpu_ram_share,
         docker=docker or spec.docker or block.docker or "",
     )
+
+
+def join_key(flags: JoinFlags, spec: AgentSpec, block: Join, host: str) -> bytes | None:
+    """This box's host key, the one its hellos are tagged with: the run's token (FDL_TOKEN or
+    --token -, join.token, a spec's key) derived for ``host``, or a key made for one name
+    (join.host_key, a launcher's spec's host_key), which holds for that name alone. None:
+    open admission. Flags > the join: block > the spec: a fan-out spec comes with an empty
+    block, so only a hand-set FLODL_INTERNAL_AGENT_JSON meets both."""
+    for token, made, made_for in (
+        (flags.token, None, None),
+        (block.token, block.host_key, block.host),
+        (spec.key, spec.host_key, spec.host),
+    ):
+        if token:
+            return wire.host_key(bytes.fromhex(token), host)
+        if made:
+            if made_for != host:
+                raise OptionError(
+                    "--host",
+                    f"this box's join key is the key of host {made_for}: it cannot dial as {host}",
+                    "drop --host (the key names the box), or pass the run's join.token for another "
+                    "name (FDL_TOKEN, --token -)",
+                    kind="refusal",
+                )
+            return bytes.fromhex(made)
+    return None
 
 
 def resolve_libtorch(flag: str | None, block: Join) -> str | None:

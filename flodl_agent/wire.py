@@ -24,12 +24,18 @@ version mismatch is refused before anything is decoded, and the first bad
 frame ends the stream: the caller drops the connection without a reply.
 
 Keys: the run key is ``join.token`` when one is configured, else a fresh
-128-bit session salt. Join frames are tagged with the run key, except under
-open admission where the pre-admission key is all zeros and Accept hands the
-salt out. Each connection opens with a server challenge (a fresh nonce) that
-the hello must echo, and after admission both sides switch to a connection
-key derived from the run key and both nonces, so a captured hello or frame is
-useless on any other connection.
+128-bit session salt. No box dials with the run key itself: each holds the
+*host key* derived from it for its own name (``host_key``: HKDF, so a host key
+reveals neither the run key nor any other host's), and tags its hello with it;
+the controller derives the key of the name a hello claims and verifies the tag
+under it, so a name is as good as the credential that proves it. The challenge
+goes out under the all-zeros key (the controller cannot know which host is
+dialling yet); the controller proves itself with its answer, tagged under the
+host key. Under open admission every pre-admission frame is under zeros and
+Accept hands the salt out. Each connection opens with a server challenge (a
+fresh nonce) that the hello must echo, and after admission both sides switch
+to a connection key derived from the host key (open: the salt) and both
+nonces, so a captured hello or frame is useless on any other connection.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import hashlib
 import hmac
 import secrets
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import Any
@@ -72,6 +78,11 @@ class Channel(Enum):
 # of refused connections costs one send each (no allocation, no crypto), and never a frame
 # ("FL" and then no protocol version).
 RATE_LIMITED = b"FL!rate-limited\n"
+
+# What a box reads instead of an answer when its hello does not verify under the key of the
+# host it names (another host's key, or one from before the token changed): fixed bytes like
+# RATE_LIMITED, so the box can say why and stop, and a flood of them costs one send each.
+WRONG_KEY = b"FL!wrong-key\n"
 
 # The first four bytes of every HTTP method: the status surface answers the others 405.
 HTTP_METHODS = frozenset({b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"PATC", b"OPTI"})
@@ -140,6 +151,18 @@ def new_nonce() -> bytes:
 def run_key(token: str | None, salt: bytes) -> bytes:
     """The token replaces the salt when one is configured."""
     return bytes.fromhex(token) if token else salt
+
+
+HOST_KEY_INFO = b"flodl host "  # HKDF info: these bytes, then the host name (UTF-8)
+
+
+def host_key(run_key: bytes, host: str) -> bytes:
+    """The key of one host name, derived from the run key: what that host tags its hello with.
+
+    HKDF is one-way: a host key gives its holder neither the run key nor another host's key.
+    The worker role derives the same bytes (the collection's ``host_key`` filter)."""
+    info = HOST_KEY_INFO + host.encode()
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(run_key)
 
 
 def connection_key(key: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
@@ -304,10 +327,26 @@ class Codec:
                 raise Dropped("kind", f"{Kind(kind).name} already flows the other way on this connection")
             self._received_kinds.add(Kind(kind))
             meta = meta[META.size :]
-        try:
-            body = msgpack.unpackb(meta, raw=False, strict_map_key=True, ext_hook=_reject_ext)
-        except Exception as exc:  # msgpack raises several unrelated types
-            raise Dropped("payload", str(exc)) from None
-        if not isinstance(body, dict):
-            raise Dropped("payload", "payload is not a map")
-        return Frame(Kind(kind), body, blob)
+        return Frame(Kind(kind), _unpack(meta), blob)
+
+    def next_frame_keyed(self, key_of: Callable[[Kind, dict[str, Any]], bytes]) -> Frame | None:
+        """The next frame, verified under the key its own map names (``key_of(kind, body)``):
+        a hello claims a host name, and only that host's key may tag it. For the small frames
+        before admission; the key stays for the frames that follow."""
+        buf = self._buffer
+        if self._fill is None and len(buf) >= HEADER.size:
+            kind, length, _ = self._header()
+            if len(buf) >= HEADER.size + length:
+                payload = buf[HEADER.size : HEADER.size + length]
+                self.key = key_of(Kind(kind), {} if kind in BLOB_KINDS else _unpack(payload))
+        return self.next_frame()
+
+
+def _unpack(meta: Blob) -> dict[str, Any]:
+    try:
+        body = msgpack.unpackb(meta, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise Dropped("payload", str(exc)) from None
+    if not isinstance(body, dict):
+        raise Dropped("payload", "payload is not a map")
+    return body

@@ -61,8 +61,9 @@ def redacted(config: FdlConfig) -> dict[str, Any]:
     if config.cluster is not None:
         blocks.append(data["cluster"]["controller"]["join"])
     for block in blocks:
-        if block and block.get("token"):
-            block["token"] = "<redacted>"
+        for secret in ("token", "host_key"):
+            if block and block.get(secret):
+                block[secret] = "<redacted>"
     return data
 
 

@@ -82,7 +82,10 @@ class _JoinCommand(TailCommand):
     help="fdl.yml whose join: block supplies the defaults (default: ./fdl.yml if present).",
 )
 @click.option(
-    "--token", "token_opt", metavar="-", help="`-` reads the run's join.token from stdin (or set FDL_TOKEN)."
+    "--token",
+    "token_opt",
+    metavar="-",
+    help="`-` reads the run's join.token from stdin (or set FDL_TOKEN); the box dials with its name's key.",
 )
 @click.option(
     "--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward (CPU plane only)."
@@ -94,7 +97,8 @@ class _JoinCommand(TailCommand):
 @click.option(
     "--host",
     "host_name",
-    help="This box's name in the roster (default: hostname): up to 253 characters, no spaces, / \\ : @.",
+    help="This box's name in the roster (default: hostname): up to 253 characters, no spaces, / \\ : @; "
+    "a join.host_key holds for its own name only.",
 )
 @click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N, at most 1024 (default: every GPU).")
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import (
@@ -103,16 +104,16 @@ def _variant(value: str) -> str:
     return value
 
 
-def _token(value: str) -> str:
-    if not valid_token(value):
-        raise fail(
-            (
-                (),
-                f"must be 32 hex characters (got {len(value)} characters)",
-                "generate one with: python3 -c 'import secrets; print(secrets.token_hex(16))'",
-            )
-        )
-    return value.lower()
+def _hex_key(fix: str) -> Callable[[str], str]:
+    """A 32-hex credential (the run's token, a host key), stored in lower case; ``fix`` says
+    where a good one comes from."""
+
+    def check(value: str) -> str:
+        if not valid_token(value):
+            raise fail(((), f"must be 32 hex characters (got {len(value)} characters)", fix))
+        return value.lower()
+
+    return check
 
 
 def _fingerprint(value: str) -> str:
@@ -288,7 +289,10 @@ Service = Annotated[str, AfterValidator(_service)]
 Address = Annotated[str, AfterValidator(_address)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 Variant = Annotated[str, AfterValidator(_variant)]
-Token = Annotated[str, AfterValidator(_token)]
+TOKEN_FIX = "generate one with: python3 -c 'import secrets; print(secrets.token_hex(16))'"
+HOST_KEY_FIX = "the worker role writes it (derived from the run's token for join.host): re-run site.yml"
+Token = Annotated[str, AfterValidator(_hex_key(TOKEN_FIX))]
+HostKey = Annotated[str, AfterValidator(_hex_key(HOST_KEY_FIX))]
 Fingerprint = Annotated[str, AfterValidator(_fingerprint)]
 IfName = Annotated[str, AfterValidator(_ifname)]
 Env = Annotated[dict[str, str], BeforeValidator(_coerce_env), AfterValidator(_env)]

@@ -12,6 +12,7 @@ from .fields import (
     Devices,
     Env,
     Fingerprint,
+    HostKey,
     HostName,
     IfName,
     Libtorch,
@@ -42,6 +43,9 @@ class Join(Model):
         None, description="controller address host[:port] (as seen from the ssh host under ssh:)"
     )
     token: Token | None = Field(None, description="the run's join.token")
+    host_key: HostKey | None = Field(
+        None, description="this box's own key, derived from the run's token for join.host (site.yml)"
+    )
     ssh: Ssh | None = Field(None, description="dial through this sshd with a local forward")
     host: HostName | None = Field(None, description="this box's name in the roster (default: hostname)")
     devices: Devices | None = Field(None, description="devices offered (default: every GPU)")
@@ -100,6 +104,22 @@ class Join(Model):
                     ("data_path",),
                     "is required with data_source: it is where the mount goes up",
                     "set data_path to the local mount point, e.g. /flodl/data",
+                )
+            )
+        if self.host_key is not None and self.token is not None:
+            rules.append(
+                (
+                    ("host_key",),
+                    "and `token` are alternatives: the token proves any name, a host key one",
+                    "keep host_key on a provisioned worker (site.yml writes it), or token alone",
+                )
+            )
+        if self.host_key is not None and self.host is None:
+            rules.append(
+                (
+                    ("host_key",),
+                    "is the key of one host name, and join.host does not say which",
+                    "set join.host to the name the key was derived for (site.yml writes both)",
                 )
             )
         if self.ssh is not None and self.ssh.target is None:

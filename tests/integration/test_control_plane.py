@@ -157,23 +157,25 @@ def test_duplicate_host_is_refused_by_name_and_only_that_dial_fails() -> None:
     run(scenario)
 
 
-def test_token_run_admits_the_right_key_and_drops_a_wrong_one_without_reply() -> None:
+def test_token_run_admits_the_right_key_and_turns_a_wrong_one_away_for_good() -> None:
     async def scenario() -> None:
         ctl = Controller(settings(quorum=1, target=1, token=TOKEN))
         await ctl.start()
         assert not ctl.open
         wrong = await walk_in(agent(ctl, "intruder", 1, key=bytes(16)))
         assert isinstance(wrong, AgentFailure) and wrong.code == PERMANENT
-        assert "does not verify" in wrong.message
-        # a peer that ignores the challenge's verdict and says hello anyway: dropped, counted, no reply
+        assert "cannot verify this box's hello under the key of host intruder" in wrong.message
+        # a peer that ignores the challenge's bound flag and says hello under zeros: counted as a
+        # bad tag, and told so in fixed bytes before the hang-up
         reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
         writer.write(wire.Channel.JOIN.value)
         assert await reader.read(65536)  # the challenge
         forged = wire.Codec(bytes(16))
         writer.write(forged.encode(wire.Kind.HELLO, {"host": "x"}))
+        assert await reader.read(65536) == wire.WRONG_KEY
         assert await reader.read(65536) == b""
         writer.close()
-        await until(lambda: ctl.dropped["tag"] == 1)
+        await until(lambda: ctl.dropped["tag"] == 2)
         assert ctl.window.joined_ranks == 0
         assert await walk_in(agent(ctl, "real", 1, key=bytes.fromhex(TOKEN))) == 0
         await ctl.finished.wait()
@@ -184,15 +186,17 @@ def test_token_run_admits_the_right_key_and_drops_a_wrong_one_without_reply() ->
 
 
 async def _raw_hello(port: int, key: bytes, host: str, nonce: bytes | None = None) -> tuple[bytes, bytes]:
-    """A hand-driven join: returns the hello bytes sent and whatever came back."""
+    """A hand-driven join holding the run key ``key``: returns the hello bytes sent (tagged with
+    ``host``'s key) and whatever came back."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(wire.Channel.JOIN.value)
-    codec = wire.Codec(key)
+    codec = wire.Codec(wire.OPEN_KEY)
     codec.feed(await reader.read(65536))
     frame = codec.next_frame()
     assert frame is not None
     challenge = parse_message(frame)
-    assert isinstance(challenge, Challenge)
+    assert isinstance(challenge, Challenge) and challenge.bound
+    codec.rekey(wire.host_key(key, host))
     # a raw map, not the model: the point is to send what a hostile peer would
     hello = {
         "nonce": nonce or challenge.nonce,
@@ -234,16 +238,18 @@ def test_a_tampered_frame_is_dropped() -> None:
         await ctl.start()
         reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
         writer.write(wire.Channel.JOIN.value)
-        codec = wire.Codec(bytes.fromhex(TOKEN))
+        codec = wire.Codec(wire.OPEN_KEY)
         codec.feed(await reader.read(65536))
         frame = codec.next_frame()
         assert frame is not None
         challenge = parse_message(frame)
         assert isinstance(challenge, Challenge)
+        codec.rekey(wire.host_key(bytes.fromhex(TOKEN), "evil"))
         hello = Hello(nonce=challenge.nonce, client_nonce=wire.new_nonce(), host="evil", devices=["cpu:0"])
         data = bytearray(codec.encode(wire.Kind.HELLO, hello.model_dump()))
         data[-3] ^= 0x01
         writer.write(bytes(data))
+        assert await reader.read(65536) == wire.WRONG_KEY  # a bad tag, whatever made it bad
         assert await reader.read(65536) == b""
         writer.close()
         await until(lambda: ctl.dropped["tag"] == 1)
@@ -422,7 +428,9 @@ def test_configured_workers_take_ranks_in_worker_order_whoever_dials_first(tmp_p
     )
 
     async def scenario() -> None:
-        s = settings([sys.executable, "-c", script], quorum=3, target=3, roster=["first", "second"])
+        # target_ranks above the roster's capacity: one rank of room for a walk-in
+        roster = {"roster": ["first", "second"], "capacity": 2}
+        s = settings([sys.executable, "-c", script], quorum=3, target=3, **roster)
         s.env = {}
         ctl = Controller(s)
         await ctl.start()

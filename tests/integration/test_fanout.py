@@ -23,10 +23,12 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
-def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path) -> None:
+@pytest.mark.parametrize("join", [{}, {"token": "00112233445566778899aabbccddeeff"}], ids=["open", "token"])
+def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path, join: dict[str, str]) -> None:
+    """Open (loopback, no token) or with a token: then each agent gets its own name's key on stdin."""
     out = tmp_path / "ranks"
     out.mkdir()
-    config = loopback_cluster(tmp_path, sshd, free_port())
+    config = loopback_cluster(tmp_path, sshd, free_port(), **join)
     rank = [
         sys.executable,
         "-c",
@@ -44,9 +46,10 @@ def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path) -
     assert sorted(p.name for p in out.iterdir()) == ["0", "1"]
     assert "fan-out: started the agent on fan-a" in proc.stderr
     assert "admitted fan-b" in proc.stderr and "run complete" in proc.stderr
+    assert ("admission credential-checked" in proc.stderr) is bool(join)
 
 
-def test_the_run_key_travels_on_stdin_never_in_argv() -> None:
+def test_the_host_key_travels_on_stdin_never_in_argv() -> None:
     cluster = (
         ClusterBuilder()
         .controller("10.0.0.1", path="/opt/flodl")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flodl_agent import wire
 from tests.support.lab import CONTROLLER, ROOT, WORKERS, bare_check, booted, in_lab, journals, on, play
 
 pytestmark = pytest.mark.lab
@@ -54,6 +55,24 @@ def test_site_converges_then_changes_nothing(lab: dict[str, str]) -> None:
     assert {h: c["changed"] for h, c in recap(dry.stdout).items()} == dict.fromkeys(counts, 0), dry.stdout[
         -3000:
     ]
+
+
+def test_each_worker_holds_its_own_names_key_and_never_the_token(lab: dict[str, str]) -> None:
+    token = on(CONTROLLER, "cat", "/etc/flodl/join.token").stdout.strip()
+    assert len(token) == 32  # generated once on the controller: the lab inventory sets none
+    mode = on(CONTROLLER, "stat", "-c", "%a %U", "/etc/flodl/join.token").stdout.split()
+    assert mode == ["600", "root"]
+    cluster = yaml.safe_load(on(CONTROLLER, "cat", "/etc/flodl/fdl.cluster.yml").stdout)
+    assert cluster["cluster"]["controller"]["join"]["token"] == token
+    keys = set()
+    for worker in WORKERS:
+        join = yaml.safe_load(on(worker, "cat", "/etc/flodl/fdl.yml").stdout)["join"]
+        assert join["host"] == worker and "token" not in join
+        assert bytes.fromhex(join["host_key"]) == wire.host_key(bytes.fromhex(token), worker)
+        keys.add(join["host_key"])
+        # the token is nowhere on the box
+        assert on(worker, "grep", "-rq", token, "/etc/flodl", "/opt/flodl/.ssh").returncode == 1
+    assert len(keys) == len(WORKERS)
 
 
 def test_the_door_effective_config(lab: dict[str, str]) -> None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from flodl_agent import wire
 from flodl_agent.agent import AgentFailure, AgentOptions, join_once
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
@@ -45,13 +46,17 @@ def settings(command: list[str] = OK, **knobs: Any) -> Settings:
     return Settings(window=WindowConfig(**window), command=command, port=0, **rest)
 
 
-def agent(ctl: Controller, host: str, cpus: int = 1, key: bytes | None = None) -> AgentOptions:
+def agent(
+    ctl: Controller, host: str, cpus: int = 1, key: bytes | None = None, host_key: bytes | None = None
+) -> AgentOptions:
+    """A box named ``host``; ``key``: the run key it holds (it dials with the key derived from
+    it for its name, as `fdl join` with FDL_TOKEN does), or ``host_key``: the key it was given."""
     return AgentOptions(
         controller_host="127.0.0.1",
         controller_port=ctl.port,
         host=host,
         devices=DeviceOffer("cpu", cpus=cpus),
-        key=key,
+        key=wire.host_key(key, host) if key is not None else host_key,
     )
 
 

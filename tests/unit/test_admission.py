@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flodl_agent.admission import Cohort, DialGuard, Gate, check
+from flodl_agent.admission import Cohort, DialGuard, Gate, Roster, check
 from flodl_agent.messages import Hello, Plane
 
 NONCE = b"n" * 16
@@ -95,6 +95,63 @@ def test_the_reference_leaves_with_its_member() -> None:
     cohort.remove("b")
     assert check(cohort, hello("c", model_sig="cc"), "cpu") is None
     assert "b" not in cohort and len(cohort) == 0
+
+
+@pytest.mark.parametrize(
+    ("names", "capacity", "target", "discovery", "room"),
+    [
+        (["w1", "w2"], 2, 2, False, 0),  # the fan-out default: the roster's ranks are the roster's
+        (["w1", "w2"], 2, 4, False, 2),  # target_ranks above the capacity: room for walk-ins
+        (["w1"], 2, 1, False, 0),  # a target below the capacity leaves nothing beyond it
+        (["w1"], None, 4, False, 0),  # a worker offers `all`, uncounted: no room can be promised
+        (["w1"], 2, None, False, 0),  # no target (a manual window): nothing beyond the roster
+        (["w1"], 2, 2, True, None),  # discovery: whoever walks in
+        ([], None, 3, False, None),  # no roster at all: the walk-ins are the world
+    ],
+)
+def test_the_room_a_window_leaves_beyond_its_roster(
+    names: list[str], capacity: int | None, target: int | None, discovery: bool, room: int | None
+) -> None:
+    assert Roster.of(names, capacity, target, discovery).room == room
+
+
+FULL = Roster.of(["w1", "w2"], 2, 2, False)
+ROOMY = Roster.of(["w1"], 1, 3, False)  # two ranks beyond the roster
+TWO = ["cuda:0", "cuda:1"]
+
+
+@pytest.mark.parametrize(
+    ("roster", "members", "candidate", "refused"),
+    [
+        (FULL, [], hello("w2"), None),
+        (FULL, [hello("w1")], hello("w2"), None),
+        (FULL, [], hello("stranger"), ("not_in_roster", True)),
+        (Roster.of(["w1"], None, 4, False), [], hello("stranger"), ("not_in_roster", True)),
+        (ROOMY, [], hello("x", devices=TWO), None),
+        (ROOMY, [hello("w1")], hello("x", devices=TWO), None),  # roster members take no room
+        (ROOMY, [], hello("x", devices=["cuda:0", "cuda:1", "cuda:2"]), ("walk_in_room", True)),
+        (ROOMY, [hello("x", devices=TWO)], hello("y"), ("walk_in_room", False)),  # taken, for now
+        (ROOMY, [hello("x")], hello("y"), None),
+        (Roster.of(["w1"], 1, 1, True), [], hello("stranger"), None),  # discovery
+        (Roster(), [], hello("stranger"), None),  # no roster
+    ],
+)
+def test_a_roster_window_admits_its_roster_and_walk_ins_only_into_the_room_beyond_it(
+    roster: Roster, members: list[Hello], candidate: Hello, refused: tuple[str, bool] | None
+) -> None:
+    refusal = check(Cohort.of(members, roster), candidate, "cpu")
+    assert (refusal and (refusal.code, refusal.permanent)) == refused
+    if refusal is not None:
+        assert candidate.host in refusal.reason and "target_ranks" in refusal.fix
+
+
+def test_a_walk_in_that_leaves_frees_the_room_it_held() -> None:
+    cohort = Cohort.of([hello("w1"), hello("x", devices=TWO)], ROOMY)
+    assert cohort.outside == 2 and check(cohort, hello("y"), "cpu") is not None
+    cohort.remove("w1")
+    assert cohort.outside == 2  # a roster member held none of it
+    cohort.remove("x")
+    assert cohort.outside == 0 and check(cohort, hello("y"), "cpu") is None
 
 
 def test_dial_guard_budget_refills() -> None:

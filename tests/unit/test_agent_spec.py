@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from flodl_agent.agent_spec import AgentSpec, decode, encode, for_worker
 from flodl_agent.config import Cluster, ClusterBuilder
@@ -42,11 +43,19 @@ def test_a_worker_entry_round_trips_through_one_stdin_line() -> None:
 
 def test_the_fan_out_plan_carries_the_spec_with_where_to_dial_and_the_key() -> None:
     cluster = _cluster()
-    key = bytes(range(32))
+    key = bytes(range(16))  # the worker's host key (Controller.host_key)
     p = plan(cluster.workers[0], cluster, 7000, key)
     spec = decode(p.stdin.decode())
-    assert (spec.controller_host, spec.controller_port, spec.key) == ("10.0.0.1", 7000, key.hex())
+    assert (spec.controller_host, spec.controller_port, spec.host_key) == ("10.0.0.1", 7000, key.hex())
+    assert spec.key is None  # the run's key never leaves the controller
     assert spec.host == "node-a" and spec.devices == "0,1"
+    # open admission: no key at all (the salt comes back in Accept)
+    assert decode(plan(cluster.workers[0], cluster, 7000, None).stdin.decode()).host_key is None
+
+
+def test_a_spec_with_a_host_key_names_its_host() -> None:
+    with pytest.raises(ValidationError, match="host_key is the key of one host name"):
+        AgentSpec(host_key="ab" * 16)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,10 @@ import pytest
 ROOT = Path(__file__).parents[2]
 
 
-@pytest.mark.parametrize(("name", "args"), [("config_load", ["--quick"]), ("join_storm", ["--n", "50"])])
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [("config_load", ["--quick"]), ("join_storm", ["--n", "50"]), ("join_storm", ["--n", "50", "--bound"])],
+)
 def test_benchmark_quick_run_reports_json(name: str, args: list[str]) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", f"bench.{name}", *args],

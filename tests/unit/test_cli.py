@@ -176,6 +176,11 @@ def test_show_without_a_cluster_block_prints_the_blocks(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         assert '"persist": true' in result.stdout and "<redacted>" in result.stdout
         assert "0123456789abcdef" not in result.output
+    # a provisioned worker's own key is as secret
+    f.write_text(f"join:\n  host: w1\n  host_key: {'ab' * 16}\n")
+    result = run("config", "show", "--json", str(f))
+    assert result.exit_code == 0 and "abab" not in result.output, result.output
+    assert '"host_key": "<redacted>"' in result.stdout
 
 
 def test_project_file_is_the_flag_else_fdl_yml_when_present(

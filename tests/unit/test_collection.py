@@ -180,6 +180,18 @@ def test_mount_unit_names_match_systemd_escape() -> None:
         flt.mount_unit("relative/path")
 
 
+def test_the_host_key_filter_derives_what_the_controller_derives() -> None:
+    from flodl_agent import wire
+
+    derive = load("filter/host_key.py").host_key
+    token = "00112233445566778899AABBCCDDEEFF"
+    for host in ("w1", "node-b.example.com", "ünï"):
+        assert derive(token, host) == wire.host_key(bytes.fromhex(token), host).hex()
+    for token, host, message in (("abc", "w1", "not 32 hex"), ("ab" * 16, "", "no host name")):
+        with pytest.raises(ValueError, match=message):
+            derive(token, host)
+
+
 def test_the_collection_carries_what_galaxy_publishes() -> None:
     """galaxy.yml, meta/runtime.yml and the changelog agree (`make collection` builds it)."""
     import yaml

@@ -66,11 +66,19 @@ def test_libtorch_variants(variant: str) -> None:
         ("  args: --model resnet\n", "join.args", "expected a list"),
         ("  persits: true\n", "join.persits", "unknown key `persits`"),
         ("  env: {ROCR_VISIBLE_DEVICES: '0'}\n", "join.env.ROCR_VISIBLE_DEVICES", "reserved"),
+        (f"  host_key: {'ab' * 16}\n", "join.host_key", "join.host does not say which"),
+        (f"  host: w1\n  host_key: {'ab' * 16}\n  token: {'cd' * 16}\n", "join.host_key", "are alternatives"),
     ],
 )
 def test_join_rules(body: str, path: str, fragment: str) -> None:
     got_path, message = join_problem(body)
     assert (got_path, fragment in message) == (path, True), message
+
+
+def test_a_malformed_host_key_says_where_it_comes_from() -> None:
+    [problem] = problems_of("join:\n  host: w1\n  host_key: abc\n")
+    assert problem.path == "join.host_key" and "32 hex characters" in problem.message
+    assert "re-run site.yml" in (problem.hint or "")
 
 
 @pytest.mark.parametrize("address", ["10.0.0.1", "10.0.0.1:1337", "ctrl.example.com:7000", "[fd00::1]:1337"])

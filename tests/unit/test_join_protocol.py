@@ -22,21 +22,25 @@ from flodl_agent.join_protocol import (
     Message,
     Refused,
     State,
+    WrongKey,
+    wrong_key,
 )
 from flodl_agent.messages import Average, Heartbeat, RankExited, Stream
 
 TOKEN = bytes.fromhex("00112233445566778899aabbccddeeff")
 SALT = bytes(range(16))
 HELLO: dict[str, Any] = {"host": "box-a", "devices": ["cpu:0", "cpu:1"]}
+BOX_A = wire.host_key(TOKEN, "box-a")  # what box-a holds: its own name's key
 
 
 def open_server() -> JoinServer:
     """Open admission: pre-admission frames under zeros, the salt handed out in Accept."""
-    return JoinServer(wire.OPEN_KEY, SALT, salt=SALT)
+    return JoinServer(None, salt=SALT)
 
 
 def token_server() -> JoinServer:
-    return JoinServer(TOKEN, TOKEN)
+    """Names bound: a hello must be tagged with the host key of the name it gives."""
+    return JoinServer(TOKEN)
 
 
 def events(side: JoinServer | JoinClient, data: bytes, chunk: int | None = None) -> list[Any]:
@@ -73,7 +77,7 @@ def world(host: str = "box-a") -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("make_server, key", [(open_server, None), (token_server, TOKEN)])
+@pytest.mark.parametrize("make_server, key", [(open_server, None), (token_server, BOX_A)])
 @pytest.mark.parametrize("chunk", [None, 1, 7])
 def test_a_walk_in_is_admitted_and_both_sides_speak_the_connection_key(
     make_server: Any, key: bytes | None, chunk: int | None
@@ -124,18 +128,71 @@ def test_link_messages_carry_bulk_bytes_and_heartbeats() -> None:
     assert isinstance(stream.message, Stream) and stream.message.data == b"x"
 
 
-@pytest.mark.parametrize(
-    "key, message",
-    [
-        (None, "requires a join key and this box has none"),
-        (bytes(16 * [7]), "does not verify with this box's join key"),
-    ],
-)
-def test_a_box_without_the_run_key_fails_permanently(key: bytes | None, message: str) -> None:
-    client = JoinClient(key)
-    with pytest.raises(JoinError, match=message) as caught:
+def test_a_box_without_a_key_fails_permanently_before_its_hello() -> None:
+    client = JoinClient(None)
+    with pytest.raises(JoinError, match="requires a join key and this box has none") as caught:
         events(client, token_server().start())
     assert caught.value.permanent and "join.token" in caught.value.fix
+    assert client.state is State.CHALLENGE  # nothing was said
+
+
+def test_a_box_holding_a_key_will_not_be_admitted_by_an_open_challenge() -> None:
+    """Anyone can send an open challenge: an impostor's would admit a keyed box and feed it a world."""
+    client = JoinClient(BOX_A)
+    with pytest.raises(JoinError, match="cannot prove it is this run's controller") as caught:
+        events(client, open_server().start())
+    assert caught.value.permanent and "cluster.controller.join.token" in caught.value.fix
+
+
+# (key the box holds, name its hello gives): each fails the bound hello's tag
+WRONG_KEYS = [
+    (wire.host_key(TOKEN, "box-b"), "box-a"),  # another worker's key, claiming this name
+    (BOX_A, "box-b"),  # this box's key, claiming another worker's name
+    (TOKEN, "box-a"),  # the run's token itself: a box dials with a derived key only
+    (wire.host_key(bytes(16), "box-a"), "box-a"),  # derived from another token
+]
+
+
+@pytest.mark.parametrize("key, host", WRONG_KEYS, ids=["other-key", "other-name", "token", "other-token"])
+def test_a_hello_under_a_key_that_is_not_its_names_is_refused_permanently(key: bytes, host: str) -> None:
+    server, client = token_server(), JoinClient(key)
+    events(client, server.start())
+    with pytest.raises(WrongKey) as caught:
+        events(server, client.hello({**HELLO, "host": host}))
+    assert caught.value.cause == "tag"  # a bad dial like any bad tag: counted, charged
+    assert server.hello is None and server.state is State.REFUSED
+    # what the controller writes before it hangs up: the box says why and stops
+    told = events(client, caught.value.reply, chunk=3)
+    assert told == [Refused(wrong_key(host)), Closed()]  # nothing more comes
+    assert told[0].reject.permanent and f"key of host {host}" in told[0].reject.reason
+
+
+def test_an_answer_under_another_key_does_not_verify() -> None:
+    """The controller proves itself in its answer: an impostor without the run key cannot."""
+    impostor = JoinServer(bytes(16))
+    client = JoinClient(BOX_A)
+    events(client, impostor.start())
+    impostor.receive_data(client.hello(HELLO))
+    with pytest.raises(WrongKey):
+        impostor.next_event()
+    forged = wire.Codec(BOX_A[::-1])
+    forged.sent = 1  # what a real answer would count
+    with pytest.raises(wire.Dropped) as caught:
+        events(client, forged.encode(wire.Kind.ACCEPT, {"ranks": [0, 2]}))
+    assert caught.value.cause == "tag"
+
+
+def test_a_bound_hello_that_names_no_host_or_is_not_a_hello_is_dropped() -> None:
+    for body, kind, cause in [
+        ({"host": 7}, wire.Kind.HELLO, "payload"),
+        ({}, wire.Kind.HELLO, "payload"),
+        ({"host": "box-a"}, wire.Kind.ACCEPT, "kind"),
+    ]:
+        server = token_server()
+        server.start()
+        with pytest.raises(wire.Dropped) as caught:
+            events(server, wire.Codec(BOX_A).encode(kind, body))
+        assert caught.value.cause == cause and not isinstance(caught.value, WrongKey)
 
 
 def test_a_refusal_reaches_the_client_by_name() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from flodl_agent import wire
 from flodl_agent.agent_spec import AgentSpec
 from flodl_agent.config import Controller, Join, Publish
 from flodl_agent.options import (
@@ -57,10 +58,10 @@ JOIN_LAYERS: list[tuple[str, Any, Any, Any, Any, Any]] = [
         lambda s: str(s.devices),
     ),
     (
-        "key",
-        ({"token": "aa" * 16}, bytes.fromhex("aa" * 16)),
+        "key",  # this box's host key: the token's, derived for its name
+        ({"token": "aa" * 16}, wire.host_key(bytes.fromhex("aa" * 16), HOSTNAME)),
         None,  # the key's spec layer sits under the block's: its own case below
-        ({"token": "bb" * 16}, bytes.fromhex("bb" * 16)),
+        ({"token": "bb" * 16}, wire.host_key(bytes.fromhex("bb" * 16), HOSTNAME)),
         None,
         lambda s: s.key,
     ),
@@ -173,12 +174,29 @@ def test_join_precedence_flag_then_spec_then_block_then_default(
     assert read(settings) == expected
 
 
+def derived(token_hex: str, host: str = HOSTNAME) -> bytes:
+    return wire.host_key(bytes.fromhex(token_hex), host)
+
+
 def test_join_key_takes_the_token_then_the_blocks_then_the_specs() -> None:
-    spec = {"key": "cc" * 32}  # the fan-out form: 64 hex
-    assert join(ADDR, spec, {}).key == bytes.fromhex("cc" * 32)
-    assert join(ADDR, spec, {"token": "bb" * 16}).key == bytes.fromhex("bb" * 16)
-    assert join(ADDR | {"token": "aa" * 16}, spec, {"token": "bb" * 16}).key == bytes.fromhex("aa" * 16)
+    spec = {"key": "cc" * 32}  # a spec written by hand, with the run's key
+    assert join(ADDR, spec, {}).key == derived("cc" * 32)
+    assert join(ADDR, spec, {"token": "bb" * 16}).key == derived("bb" * 16)
+    assert join(ADDR | {"token": "aa" * 16}, spec, {"token": "bb" * 16}).key == derived("aa" * 16)
     assert join(ADDR, {}, {}).key is None  # open admission
+    # the token proves any name: the key follows the name the box dials as
+    assert join(ADDR | {"host": "other"}, spec, {}).key == derived("cc" * 32, "other")
+
+
+def test_a_key_made_for_one_name_is_used_as_it_is_and_for_that_name_alone() -> None:
+    made = {"host": "w1", "host_key": "dd" * 16}
+    assert join(ADDR, made, {}).key == bytes.fromhex("dd" * 16)  # a launcher's spec
+    assert join(ADDR, {}, made).key == bytes.fromhex("dd" * 16)  # fdl.yml, as site.yml writes it
+    assert join(ADDR | {"token": "aa" * 16}, {}, made).key == derived("aa" * 16, "w1")  # FDL_TOKEN beats it
+    for spec, block in ((made, {}), ({}, made)):
+        with pytest.raises(OptionError, match="key of host w1: it cannot dial as other") as caught:
+            join(ADDR | {"host": "other"}, spec, block)
+        assert caught.value.param == "--host" and "FDL_TOKEN" in (caught.value.fix or "")
 
 
 def test_join_env_merges_the_block_under_the_spec_per_key() -> None:

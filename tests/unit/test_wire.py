@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -225,3 +228,57 @@ def test_a_bulk_kind_flows_one_way_on_a_connection() -> None:
 def test_only_bulk_kinds_carry_raw_bytes() -> None:
     with pytest.raises(ValueError, match="no raw bytes"):
         wire.Codec(KEY).encode_parts(wire.Kind.HEARTBEAT, {}, b"x")
+
+
+def _rfc5869(ikm: bytes, info: bytes, length: int) -> bytes:
+    """HKDF-SHA256 as RFC 5869 writes it (no salt: a hash-length string of zeros), by hand."""
+    prk = hmac.new(bytes(32), ikm, hashlib.sha256).digest()
+    out, block, counter = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        out, counter = out + block, counter + 1
+    return out[:length]
+
+
+TOKEN = bytes.fromhex("00112233445566778899aabbccddeeff")
+
+
+@pytest.mark.parametrize("host", ["w1", "w2", "node-a.example.com", "ünï"])
+def test_a_host_key_is_hkdf_of_the_run_key_for_that_name(host: str) -> None:
+    key = wire.host_key(TOKEN, host)
+    assert key == _rfc5869(TOKEN, b"flodl host " + host.encode(), 16)
+    assert len(key) == wire.KEY_BYTES and key != TOKEN
+
+
+def test_host_keys_differ_per_name_and_per_run_key() -> None:
+    names = ["w1", "w2", "w10", "w1 ", "W1", ""]
+    keys = {wire.host_key(TOKEN, n) for n in names}
+    assert len(keys) == len(names)
+    assert wire.host_key(TOKEN, "w1") != wire.host_key(TOKEN[::-1], "w1")
+    # a host key is no run key: deriving from it gives nobody else's key
+    assert wire.host_key(wire.host_key(TOKEN, "w1"), "w2") != wire.host_key(TOKEN, "w2")
+
+
+def test_a_frame_keyed_by_its_own_map_verifies_under_the_key_it_names() -> None:
+    keys = {"a": wire.host_key(TOKEN, "a"), "b": wire.host_key(TOKEN, "b")}
+    frame = wire.Codec(keys["a"]).encode(wire.Kind.HELLO, {"host": "a"})
+    asked: list[object] = []
+
+    def key_of(kind: wire.Kind, body: dict[str, object]) -> bytes:
+        asked.append((kind, body))
+        return keys[str(body["host"])]
+
+    receiver = wire.Codec(wire.OPEN_KEY)
+    receiver.feed(frame[:-1])
+    assert receiver.next_frame_keyed(key_of) is None and asked == []  # not whole: nothing asked
+    receiver.feed(frame[-1:])
+    got = receiver.next_frame_keyed(key_of)
+    assert got is not None and got.body == {"host": "a"} and receiver.key == keys["a"]
+    assert asked == [(wire.Kind.HELLO, {"host": "a"})]
+    # the same frame claiming another name fails that name's key
+    forged = wire.Codec(keys["a"]).encode(wire.Kind.HELLO, {"host": "b"})
+    other = wire.Codec(wire.OPEN_KEY)
+    other.feed(forged)
+    with pytest.raises(wire.Dropped) as caught:
+        other.next_frame_keyed(key_of)
+    assert caught.value.cause == "tag"
