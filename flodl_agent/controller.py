@@ -31,7 +31,7 @@ from .admission import Cohort, Refusal, check
 from .controller_settings import Settings
 from .controller_view import ControllerView, host_json
 from .hub import Hub
-from .join_protocol import Closed, HelloReceived, JoinServer, Message
+from .join_protocol import Closed, HelloReceived, JoinServer, KeyRefused, Message
 from .listener import Listener, Timeouts
 from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
@@ -58,6 +58,13 @@ class Link:
 
     def send(self, kind: wire.Kind, body: dict[str, Any], blob: wire.Blob = b"") -> None:
         write_parts(self.writer, self.conn.send(kind, body, blob))
+
+
+# What the log says of a walk-in whose key does not verify the challenge (by KeyRefused.missing).
+KEY_WORDS = {
+    False: "its join key does not verify this run's challenge (a wrong join.token)",
+    True: "it has no join key and this run requires one (no join.token on that box)",
+}
 
 
 class Controller:
@@ -92,6 +99,7 @@ class Controller:
             timeouts=timeouts,
             clock=clock,
             log=log,
+            note=self.note,
         )
         self.refused: Counter[str] = Counter()
         self.admitted = 0
@@ -316,6 +324,7 @@ class Controller:
     ) -> None:
         if self._handshakes >= self.timeouts.handshakes:
             self.dropped["busy"] += 1
+            self.listener.say("drop", (peer, "busy"), f"turned {peer} away: every handshake slot is taken")
             return
         self._handshakes += 1
         try:
@@ -333,13 +342,19 @@ class Controller:
         conn = JoinServer(self.join_key, self.key, salt=self.salt if self.open else None)
         writer.write(conn.start())
         event = await next_event(reader, conn, self.timeouts.hello)
+        if isinstance(event, KeyRefused):
+            words = KEY_WORDS[event.missing]
+            self._refused((peer, "bad_key", words), "bad_key", f"refused {peer}: {words}")
+            self.listener.charge(peer)  # a bad dial: the dial guard's budget pays for it
+            return None
         if not isinstance(event, HelloReceived):
             return None  # the peer hung up
         hello = event.hello
         refusal = self._admit(hello)
         if refusal is not None:
-            self.refused[refusal.code] += 1
-            self.note("refusal", f"refused {hello.host or peer}: {refusal.reason}")
+            # Keyed by the host too: every tunnelled walk-in arrives from 127.0.0.1.
+            key = (peer, refusal.code, hello.host)
+            self._refused(key, refusal.code, f"refused {hello.host or peer}: {refusal.reason}")
             writer.write(conn.refuse(refusal.reason, refusal.fix, permanent=refusal.permanent))
             await writer.drain()
             return None
@@ -366,6 +381,11 @@ class Controller:
                 self._closed(link)
             return None
         return link
+
+    def _refused(self, key: tuple[str, ...], code: str, line: str) -> None:
+        """Count every refusal; log one per ``key`` (peer, reason) a minute: floods must not fill disks."""
+        self.refused[code] += 1
+        self.listener.say("refusal", key, line)
 
     def _admit(self, hello: Hello) -> Refusal | None:
         if not self.window.can_admit():

@@ -14,6 +14,7 @@ The exchange::
                                <──          Challenge {nonce}   (run key, or zeros when open)
                                             (or wire.RATE_LIMITED, then close: the dial guard said no)
       Hello {nonce echoed, client_nonce, host, devices, …}  ──>
+      (or wire.WRONG_KEY / NO_KEY, then close: the challenge did not verify under this box's key)
                                <──          Accept {ranks, salt?}  |  Reject {reason, fix, permanent}
       ── both sides rekey: connection_key(run key, server nonce, client nonce) ──
                                <──          WorldFormed {…} | Abort {reason}
@@ -73,6 +74,14 @@ class HelloReceived:
 
 
 @dataclass(frozen=True)
+class KeyRefused:
+    """Server: the walk-in says this connection's challenge does not verify under its key
+    (``missing``: it holds none). Unproven, like everything before a hello: count it, log it."""
+
+    missing: bool
+
+
+@dataclass(frozen=True)
 class Accepted:
     """Client: admitted; the link has switched to the connection key."""
 
@@ -114,7 +123,7 @@ class Closed:
     """The peer closed its side."""
 
 
-Event = Challenged | HelloReceived | Accepted | Refused | Formed | Aborted | Message | Closed
+Event = Challenged | HelloReceived | KeyRefused | Accepted | Refused | Formed | Aborted | Message | Closed
 
 
 # Read instead of a challenge when the controller's dial guard turns this peer away.
@@ -127,13 +136,21 @@ RATE_LIMITED = Reject(
 class JoinError(Exception):
     """The controller's side of the handshake makes no sense to this box.
 
-    ``permanent`` when no re-dial can fix it (this box holds the wrong key)."""
+    ``permanent`` when no re-dial can fix it (this box holds the wrong key); ``reply``: bytes
+    to send the controller before hanging up (a key notice, so the refusal is counted there)."""
 
-    def __init__(self, message: str, fix: str = "", *, permanent: bool = False) -> None:
+    def __init__(self, message: str, fix: str = "", *, permanent: bool = False, reply: bytes = b"") -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix
         self.permanent = permanent
+        self.reply = reply
+
+
+TLS_FIX = (
+    "pin its certificate: --tls-fingerprint SHA256, FDL_TLS_FINGERPRINT or join.tls_fingerprint "
+    "(`fdl tls fingerprint CERT` on the controller prints it; site.yml pins it for you)"
+)
 
 
 class State(Enum):
@@ -208,6 +225,21 @@ class JoinServer(_Side):
         self.salt = salt
         self.nonce = nonce if nonce is not None else wire.new_nonce()
         self.hello: Hello | None = None
+        self._opening: bytearray | None = bytearray()  # the first bytes, until they cannot be a key notice
+        self._notice: bytes | None = None
+
+    def receive_data(self, data: wire.Blob) -> None:
+        opening = self._opening
+        if opening is None or not data:
+            super().receive_data(data)
+            return
+        opening += data
+        self._notice = next((n for n in wire.KEY_NOTICES if opening.startswith(n)), None)
+        if self._notice is None and any(n.startswith(opening) for n in wire.KEY_NOTICES):
+            return  # still a prefix of a notice: wait for the rest
+        self._opening = None
+        if self._notice is None:
+            super().receive_data(bytes(opening))
 
     def start(self) -> bytes:
         """The challenge: the first bytes on the connection."""
@@ -225,6 +257,9 @@ class JoinServer(_Side):
             return NEED_DATA  # admission decides first (accept or refuse)
         if self.state is not State.CHALLENGE:
             return Closed()  # refused or closed: nothing more comes
+        if self._notice is not None:
+            self.state = State.REFUSED
+            return KeyRefused(missing=self._notice == wire.NO_KEY)
         frame = self._frame()
         if not isinstance(frame, wire.Frame):
             return frame
@@ -324,6 +359,8 @@ class JoinClient(_Side):
         if pending[: len(wire.RATE_LIMITED)] == wire.RATE_LIMITED:
             self.state = State.REFUSED
             return Refused(RATE_LIMITED)
+        if bytes(pending[:2]) in wire.TLS_RECORDS:
+            raise JoinError("this controller speaks TLS: pin its certificate", TLS_FIX, permanent=True)
         if len(pending) >= wire.HEADER.size:
             length = wire.HEADER.unpack_from(pending)[3]
             if length > wire.PRE_ADMISSION_MAX:
@@ -355,6 +392,7 @@ class JoinClient(_Side):
                 else "the controller requires a join key and this box has none",
                 "pass the run's join.token (FDL_TOKEN, --token -, or join.token in fdl.yml)",
                 permanent=True,
+                reply=wire.WRONG_KEY if self.key is not None else wire.NO_KEY,
             )
         challenge = parse_message(first)
         if not isinstance(challenge, Challenge):

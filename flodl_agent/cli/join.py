@@ -89,7 +89,11 @@ class _JoinCommand(TailCommand):
 )
 @click.option("--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
 @click.option(
-    "--tls-fingerprint", "pin", metavar="SHA256", help="The controller serves TLS: pin its certificate."
+    "--tls-fingerprint",
+    "pin",
+    metavar="SHA256",
+    help="The controller serves TLS: pin its certificate (default: FDL_TLS_FINGERPRINT, else "
+    "join.tls_fingerprint).",
 )
 @click.option("--host", "host_name", help="This box's name in the roster (default: hostname).")
 @click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N (default: every GPU).")
@@ -156,6 +160,7 @@ def join_cmd(
         ssh=ssh_dest,
         identity=identity,
         pin=pin,
+        env_pin=os.environ.get("FDL_TLS_FINGERPRINT"),
         host=host_name,
         devices=devices,
         persist=persist,

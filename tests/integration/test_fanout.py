@@ -16,6 +16,7 @@ import pytest
 from flodl_agent.agent_spec import decode
 from flodl_agent.config import Cluster, ClusterBuilder
 from flodl_agent.fanout import orphan_tag, plan, remote_command
+from flodl_agent.tls import generate
 from tests.support import free_port
 from tests.support.sshd import Sshd, loopback_cluster
 
@@ -23,10 +24,14 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
-def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tls", [False, True], ids=["cleartext", "tls"])
+def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path, tls: bool) -> None:
     out = tmp_path / "ranks"
     out.mkdir()
-    config = loopback_cluster(tmp_path, sshd, free_port())
+    pair = (tmp_path / "c.pem", tmp_path / "c.key")
+    if tls:  # the launch hands its agents the certificate's pin with the run key
+        generate(*pair, ["127.0.0.1"])
+    config = loopback_cluster(tmp_path, sshd, free_port(), tls=pair if tls else None)
     rank = [
         sys.executable,
         "-c",

@@ -19,6 +19,7 @@ from flodl_agent.join_protocol import (
     JoinClient,
     JoinError,
     JoinServer,
+    KeyRefused,
     Message,
     Refused,
     State,
@@ -133,9 +134,35 @@ def test_link_messages_carry_bulk_bytes_and_heartbeats() -> None:
 )
 def test_a_box_without_the_run_key_fails_permanently(key: bytes | None, message: str) -> None:
     client = JoinClient(key)
+    server = token_server()
     with pytest.raises(JoinError, match=message) as caught:
-        events(client, token_server().start())
+        events(client, server.start())
     assert caught.value.permanent and "join.token" in caught.value.fix
+    # It tells the controller why it hangs up, so the refusal is logged and counted there.
+    assert caught.value.reply == (wire.NO_KEY if key is None else wire.WRONG_KEY)
+    assert events(server, caught.value.reply, chunk=2) == [KeyRefused(missing=key is None), Closed()]
+    assert server.state is State.REFUSED
+
+
+def test_a_hello_that_merely_starts_like_a_key_notice_is_still_a_hello() -> None:
+    server, client = token_server(), JoinClient(TOKEN)
+    events(client, server.start())
+    hello = client.hello(HELLO)
+    assert hello[:2] == wire.WRONG_KEY[:2]  # "FL": held until the third byte tells them apart
+    [received] = events(server, hello, chunk=1)
+    assert isinstance(received, HelloReceived) and received.hello.host == "box-a"
+
+
+@pytest.mark.parametrize(
+    "record", [wire.TLS_CLEARTEXT_ALERT, wire.TLS_DENIED_ALERT, b"\x16\x03\x03\x00\x7a\x02"]
+)
+def test_a_tls_record_where_the_challenge_should_be_says_pin_the_certificate(record: bytes) -> None:
+    with pytest.raises(JoinError) as caught:
+        events(JoinClient(TOKEN), record)
+    assert (
+        caught.value.permanent and caught.value.message == "this controller speaks TLS: pin its certificate"
+    )
+    assert "FDL_TLS_FINGERPRINT" in caught.value.fix and not caught.value.reply
 
 
 def test_a_refusal_reaches_the_client_by_name() -> None:
