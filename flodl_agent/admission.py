@@ -23,6 +23,14 @@ from dataclasses import dataclass, field
 
 from .messages import Hello, Plane
 
+# What the controller logs of a bad_key refusal: a hello under the wrong key (join_protocol's
+# WrongKey), and a walk-in that holds none (KeyRefused). Neither ever reaches check().
+WRONG_KEY_WORDS = (
+    "its hello does not verify under the key of host {host} (a wrong join.token, another host's "
+    "key, or one from before the token changed)"
+)
+NO_KEY_WORDS = "it has no join key and this run requires one (no join.token on that box)"
+
 
 @dataclass(frozen=True)
 class Refusal:

@@ -106,6 +106,8 @@ class Attempt:
         try:
             return await self._session(reader, writer, join_address(dial_host, dial_port))
         except JoinError as exc:
+            if exc.reply:
+                writer.write(exc.reply)  # the controller logs and counts why this box hangs up
             raise (Permanent if exc.permanent else Transient)(exc.message, exc.fix) from None
         except wire.Dropped as exc:
             raise Transient(f"the controller sent a frame that does not verify ({exc})") from None

@@ -40,6 +40,8 @@ class AgentSpec(BaseModel):
     tunnel: bool = False
     gpu_ram_share: float | None = Field(None, gt=0, allow_inf_nan=False)  # cluster.workers[].gpu_ram_share
     docker: Service | None = None  # cluster.workers[].docker: the compose service the ranks run in
+    # The controller port serves TLS (cluster.controller.tls): its certificate's pin.
+    tls_fingerprint: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
 
     @model_validator(mode="after")
     def _bound(self) -> AgentSpec:

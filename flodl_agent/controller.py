@@ -27,11 +27,11 @@ from urllib.parse import parse_qs
 
 from . import wire
 from .address import is_loopback
-from .admission import Cohort, Refusal, Roster, check
+from .admission import NO_KEY_WORDS, WRONG_KEY_WORDS, Cohort, Refusal, Roster, check
 from .controller_settings import Settings
 from .controller_view import ControllerView, host_json
 from .hub import Hub
-from .join_protocol import Closed, HelloReceived, JoinServer, Message, WrongKey
+from .join_protocol import Closed, HelloReceived, JoinServer, KeyRefused, Message, WrongKey
 from .listener import Listener, Timeouts
 from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
@@ -94,6 +94,7 @@ class Controller:
             timeouts=timeouts,
             clock=clock,
             log=log,
+            note=self.note,
         )
         self.refused: Counter[str] = Counter()
         self.admitted = 0
@@ -318,6 +319,7 @@ class Controller:
     ) -> None:
         if self._handshakes >= self.timeouts.handshakes:
             self.dropped["busy"] += 1
+            self.listener.say("drop", (peer, "busy"), f"turned {peer} away: every handshake slot is taken")
             return
         self._handshakes += 1
         try:
@@ -337,15 +339,20 @@ class Controller:
         try:
             event = await next_event(reader, conn, self.timeouts.hello)
         except WrongKey as exc:
-            writer.write(exc.reply)  # the box learns why; the listener counts the bad tag and hangs up
-            raise
+            writer.write(exc.reply)  # the box learns why, and stops
+            self._bad_key(peer, exc.host, WRONG_KEY_WORDS.format(host=exc.host))
+            return None
+        if isinstance(event, KeyRefused):
+            self._bad_key(peer, "", NO_KEY_WORDS)
+            return None
         if not isinstance(event, HelloReceived):
             return None  # the peer hung up
         hello = event.hello
         refusal = self._admit(hello)
         if refusal is not None:
-            self.refused[refusal.code] += 1
-            self.note("refusal", f"refused {hello.host or peer}: {refusal.reason}")
+            # Keyed by the host too: every tunnelled walk-in arrives from 127.0.0.1.
+            key = (peer, refusal.code, hello.host)
+            self._refused(key, refusal.code, f"refused {hello.host or peer}: {refusal.reason}")
             writer.write(conn.refuse(refusal.reason, refusal.fix, permanent=refusal.permanent))
             await writer.drain()
             return None
@@ -376,6 +383,15 @@ class Controller:
     def host_key(self, host: str) -> bytes | None:
         """What an agent dials as ``host`` with (a fan-out's spec); None under open admission."""
         return None if self.open else wire.host_key(self.key, host)
+
+    def _refused(self, key: tuple[str, ...], code: str, line: str) -> None:
+        """Count every refusal; log one per ``key`` (peer, reason) a minute: floods must not fill disks."""
+        self.refused[code] += 1
+        self.listener.say("refusal", key, line)
+
+    def _bad_key(self, peer: str, host: str, words: str) -> None:
+        self._refused((peer, "bad_key", host), "bad_key", f"refused {host or peer}: {words}")
+        self.listener.charge(peer)  # a bad dial: the dial guard's budget pays for it
 
     def _admit(self, hello: Hello) -> Refusal | None:
         if not self.window.can_admit():

@@ -17,12 +17,14 @@ import shlex
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .address import is_bind_all, join_address, local_address
 from .agent_spec import encode, for_worker
 from .config.models import Cluster, Worker
 from .net import ssh_argv
 from .rank_io import output_lines
+from .tls import cert_fingerprint
 from .variants import variant_venv
 
 
@@ -69,8 +71,15 @@ def plan(worker: Worker, cluster: Cluster, port: int, key: bytes | None, bind: s
         extra = ["-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:{join_address(far, port)}"]
         dial_host = "127.0.0.1"
     tag = orphan_tag(f"{ctl_host}:{port}", worker)
-    keyed = {"host_key": key.hex()} if key is not None else {}
-    spec = for_worker(worker, controller_host=dial_host, controller_port=port, tunnel=bool(extra), **keyed)
+    tls = cluster.controller.tls
+    spec = for_worker(
+        worker,
+        controller_host=dial_host,
+        controller_port=port,
+        tunnel=bool(extra),
+        **({"host_key": key.hex()} if key is not None else {}),
+        **({"tls_fingerprint": cert_fingerprint(Path(tls.cert))} if tls else {}),  # the launch loaded it
+    )
     argv = worker_ssh(worker, extra)
     argv.append(remote_command(tag, worker.path or cluster.controller.path, worker.arch))
     return Plan(worker.host, argv, encode(spec))

@@ -15,6 +15,7 @@ The exchange::
                                             (or wire.RATE_LIMITED, then close: the dial guard said no)
       Hello {nonce echoed, client_nonce, host, devices, …}  ──>
                                             (bound: tagged with the host key of the name it gives)
+      (or wire.NO_KEY, then close: the challenge is bound and this box holds no key)
                                <──          Accept {ranks, salt?}  |  Reject {reason, fix, permanent}
                                             (under that host key: the controller proves it holds it)
                                             (or wire.WRONG_KEY, then close: the tag did not verify)
@@ -40,16 +41,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from . import wire
-from .messages import (
-    Abort,
-    Accept,
-    BadMessage,
-    Challenge,
-    Hello,
-    Msg,
-    Reject,
-    WorldFormed,
-)
+from .messages import Abort, Accept, BadMessage, Challenge, Hello, Msg, Reject, WorldFormed
 from .messages import parse as parse_message
 
 
@@ -75,6 +67,12 @@ class HelloReceived:
     """Server: an authenticated hello that answers this connection's challenge."""
 
     hello: Hello
+
+
+@dataclass(frozen=True)
+class KeyRefused:
+    """Server: the walk-in says the challenge is bound and it holds no key (``wire.NO_KEY``).
+    Unproven, like everything before a hello: count it, log it."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,7 @@ class Closed:
     """The peer closed its side."""
 
 
-Event = Challenged | HelloReceived | Accepted | Refused | Formed | Aborted | Message | Closed
+Event = Challenged | HelloReceived | KeyRefused | Accepted | Refused | Formed | Aborted | Message | Closed
 
 
 # Read instead of a challenge when the controller's dial guard turns this peer away.
@@ -136,8 +134,9 @@ class WrongKey(wire.Dropped):
 
     reply = wire.WRONG_KEY
 
-    def __init__(self) -> None:
-        super().__init__("tag", "the hello does not verify under the key of the host it names")
+    def __init__(self, host: str) -> None:
+        super().__init__("tag", f"the hello does not verify under the key of host {host}")
+        self.host = host
 
 
 def wrong_key(host: str) -> Reject:
@@ -155,13 +154,21 @@ def wrong_key(host: str) -> Reject:
 class JoinError(Exception):
     """The controller's side of the handshake makes no sense to this box.
 
-    ``permanent`` when no re-dial can fix it (this box holds the wrong key)."""
+    ``permanent`` when no re-dial can fix it (this box holds no key); ``reply``: bytes
+    to send the controller before hanging up (``wire.NO_KEY``, so the refusal is counted there)."""
 
-    def __init__(self, message: str, fix: str = "", *, permanent: bool = False) -> None:
+    def __init__(self, message: str, fix: str = "", *, permanent: bool = False, reply: bytes = b"") -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix
         self.permanent = permanent
+        self.reply = reply
+
+
+TLS_FIX = (
+    "pin its certificate: --tls-fingerprint SHA256, FDL_TLS_FINGERPRINT or join.tls_fingerprint "
+    "(`fdl tls fingerprint CERT` on the controller prints it; site.yml pins it for you)"
+)
 
 
 class State(Enum):
@@ -240,6 +247,22 @@ class JoinServer(_Side):
         self.salt = salt if run_key is None else None
         self.nonce = nonce if nonce is not None else wire.new_nonce()
         self.hello: Hello | None = None
+        self._opening: bytearray | None = bytearray()  # the first bytes, until they cannot be NO_KEY
+        self._notice = False
+        self._claimed_host = ""
+
+    def receive_data(self, data: wire.Blob) -> None:
+        opening = self._opening
+        if opening is None or not data:
+            super().receive_data(data)
+            return
+        opening += data
+        self._notice = opening.startswith(wire.NO_KEY)
+        if not self._notice and wire.NO_KEY.startswith(opening):
+            return  # still a prefix of the notice: wait for the rest
+        self._opening = None
+        if not self._notice:
+            super().receive_data(bytes(opening))
 
     def start(self) -> bytes:
         """The challenge: the first bytes on the connection."""
@@ -254,6 +277,7 @@ class JoinServer(_Side):
             raise wire.Dropped("kind", "expected a hello")
         if not isinstance(host, str):
             raise wire.Dropped("payload", "the hello names no host")
+        self._claimed_host = host
         return wire.host_key(self.run_key, host)
 
     def next_event(self) -> Event | _NeedData:
@@ -268,12 +292,15 @@ class JoinServer(_Side):
             return NEED_DATA  # admission decides first (accept or refuse)
         if self.state is not State.CHALLENGE:
             return Closed()  # refused or closed: nothing more comes
+        if self._notice:
+            self.state = State.REFUSED
+            return KeyRefused()
         try:
             frame = self._frame(self._claimed if self.run_key is not None else None)
         except wire.Dropped as exc:
             if exc.cause == "tag" and self.run_key is not None:
                 self.state = State.REFUSED
-                raise WrongKey() from None
+                raise WrongKey(self._claimed_host) from None
             raise
         if not isinstance(frame, wire.Frame):
             return frame
@@ -379,6 +406,8 @@ class JoinClient(_Side):
         if pending[: len(wire.RATE_LIMITED)] == wire.RATE_LIMITED:
             self.state = State.REFUSED
             return Refused(RATE_LIMITED)
+        if bytes(pending[:2]) in wire.TLS_RECORDS:
+            raise JoinError("this controller speaks TLS: pin its certificate", TLS_FIX, permanent=True)
         if len(pending) >= wire.HEADER.size:
             length = wire.HEADER.unpack_from(pending)[3]
             if length > wire.PRE_ADMISSION_MAX:
@@ -413,6 +442,7 @@ class JoinClient(_Side):
                 "the controller requires a join key and this box has none",
                 "pass the run's join.token (FDL_TOKEN, --token -, or join.token in fdl.yml)",
                 permanent=True,
+                reply=wire.NO_KEY,  # so the controller logs and counts why this box hangs up
             )
         if not challenge.bound and self.key is not None:
             # Anyone can send an open challenge: a box that holds a key would be admitted by an

@@ -66,6 +66,7 @@ class JoinFlags:
     ssh: str | None = None
     identity: Path | None = None
     pin: str | None = None
+    env_pin: str | None = None  # FDL_TLS_FINGERPRINT, under --tls-fingerprint
     host: str | None = None
     devices: str | None = None
     persist: bool | None = None
@@ -179,10 +180,7 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         host, port = split_address(addr)
     except AddressError as exc:
         raise OptionError("ADDRESS", exc.render()) from None
-    try:
-        pin = normalize(flags.pin) if flags.pin else None
-    except ValueError as exc:
-        raise OptionError("--tls-fingerprint", str(exc)) from None
+    pin = _pin(flags.pin, "--tls-fingerprint") or _pin(flags.env_pin, "FDL_TLS_FINGERPRINT")
     try:
         docker = Join.model_validate({"docker": flags.docker}).docker if flags.docker else None
     except ValidationError as exc:
@@ -203,7 +201,7 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         source=block.source,
         data_source=block.data_source or "",
         args=args,
-        tls_fingerprint=pin or block.tls_fingerprint or "",
+        tls_fingerprint=pin or spec.tls_fingerprint or block.tls_fingerprint or "",
         persist=block.persist if flags.persist is None else flags.persist,
         notes=tuple(notes),
         # The box's own join block beats its cluster entry (a later road knows the box better).
@@ -236,6 +234,13 @@ def join_key(flags: JoinFlags, spec: AgentSpec, block: Join, host: str) -> bytes
                 )
             return bytes.fromhex(made)
     return None
+
+
+def _pin(text: str | None, where: str) -> str | None:
+    try:
+        return normalize(text) if text else None
+    except ValueError as exc:
+        raise OptionError(where, str(exc)) from None
 
 
 def resolve_libtorch(flag: str | None, block: Join) -> str | None:
@@ -357,10 +362,5 @@ def resolve_addr(
 
 def resolve_pin(flag: str | None, env: Mapping[str, str], cluster_pin: str | None) -> str | None:
     """--tls-fingerprint > FDL_TLS_FINGERPRINT > the certificate ./fdl.cluster.yml serves."""
-    text = flag or env.get("FDL_TLS_FINGERPRINT", "")
-    if not text:
-        return cluster_pin
-    try:
-        return normalize(text)
-    except ValueError as exc:
-        raise OptionError("--tls-fingerprint", str(exc)) from None
+    env_pin = _pin(env.get("FDL_TLS_FINGERPRINT"), "FDL_TLS_FINGERPRINT")
+    return _pin(flag, "--tls-fingerprint") or env_pin or cluster_pin

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .config.models import Source, Ssh
 from .confine import entry_outside
-from .errors import PERMANENT, TRANSIENT, Failure
+from .errors import PERMANENT, TRANSIENT, Failure, host_key_mismatch
 from .net import DEAD_MOUNT, ssh_argv
 from .probe import dir_facts, dir_findings
 from .publish import (
@@ -103,25 +103,16 @@ def missing_package(output: str) -> tuple[str, str] | None:
     return None
 
 
-def _host_key_refused(ssh_output: str) -> bool:
-    return (
-        "Host key verification failed" in ssh_output or "REMOTE HOST IDENTIFICATION HAS CHANGED" in ssh_output
-    )
-
-
-def _host_key_failure(doing: str) -> PrepareFailure:
-    return PrepareFailure(
-        f"{doing}: the host key does not match the pin",
-        "pin the controller's real host key in known_hosts (the worker role does); never turn checks off",
-        PERMANENT,
-    )
+def _host_key_failure(doing: str, ssh_output: str) -> PrepareFailure | None:
+    mismatch = host_key_mismatch(doing, ssh_output)
+    return PrepareFailure(mismatch.message, mismatch.fix, PERMANENT) if mismatch else None
 
 
 def _fetch_failure(spec: SourceSpec, output: str) -> PrepareFailure:
     text = output.strip()
     last = " / ".join(text.splitlines()[-3:]) or "no output"
-    if _host_key_refused(text):
-        return _host_key_failure(f"fetching {spec}")
+    if refused := _host_key_failure(f"fetching {spec}", text):
+        return refused
     if "not available" in text or "protocol version mismatch" in text or "This service allows sftp" in text:
         return PrepareFailure(
             f"fetching {spec} refused: this box's key opens the join door for the tunnel only ({last})",
@@ -177,9 +168,18 @@ def fetch(source: Source, stage: Path, ssh: Ssh | None) -> Path:
         origin = f"{user + '@' if user else ''}{spec.host}:{spec.path}"
     else:
         try:
-            fetch_git(PublishRequest(spec, stage, identity=ssh.identity_file if ssh else None), stage)
+            # The ssh block's options come along: its known_hosts pin above all.
+            request = PublishRequest(
+                spec,
+                stage,
+                identity=ssh.identity_file if ssh else None,
+                ssh_options=tuple(ssh.options if ssh else ()),
+            )
+            fetch_git(request, stage)
         except PublishError as exc:
-            raise PrepareFailure(exc.message, exc.fix) from None
+            raise _host_key_failure(f"fetching {spec}", exc.output) or PrepareFailure(
+                exc.message, exc.fix
+            ) from None
         origin, rsh = str(stage / "checkout"), None
     proc = _run(mirror_argv(origin, tree, rsh, FETCH_EXCLUDES))
     if proc.returncode != 0:
@@ -266,8 +266,8 @@ def mount_data(
             "and the worker's key in the door's keys)",
             PERMANENT,
         )
-    if _host_key_refused(text):
-        raise _host_key_failure(f"mounting {data_source}")
+    if refused := _host_key_failure(f"mounting {data_source}", text):
+        raise refused
     if "fuse" in text.lower() and ("device" in text or "permitted" in text):
         raise PrepareFailure(
             f"mounting {data_source}: this box cannot mount FUSE filesystems ({last})",

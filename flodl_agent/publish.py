@@ -73,6 +73,8 @@ ABBREVIATED = re.compile(r"[0-9a-f]{4,39}")
 class PublishError(Failure):
     """A publish that did not happen (nothing was published: no manifest is in the tree)."""
 
+    output = ""  # the failed tool's whole stderr (the message keeps its last lines): for classifying it
+
 
 class Manifest(BaseModel):
     """The run a published tree carries: what every worker runs, and which run it is."""
@@ -191,7 +193,9 @@ def _run(
         ) from None
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise PublishError(f"{what} failed (exit {proc.returncode}): {' / '.join(detail)}", fix)
+        error = PublishError(f"{what} failed (exit {proc.returncode}): {' / '.join(detail)}", fix)
+        error.output = proc.stderr
+        raise error
     return proc.stdout
 
 

@@ -24,7 +24,7 @@ from .address import join_address, split_address
 from .names import printable
 from .pin import PinMismatch, check_pin
 from .ranks import rank_span
-from .tls import client_context
+from .tls import client_context, turned_away
 
 PHASE_STYLE = {
     "waiting": "yellow",
@@ -38,6 +38,9 @@ PHASE_STYLE = {
 
 class Unreachable(Exception):
     pass
+
+
+TLS_HOW = "--tls-fingerprint or FDL_TLS_FINGERPRINT; `fdl tls fingerprint CERT` on the controller prints it"
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,8 @@ def request(
     except PinMismatch as exc:
         raise Unreachable(exc.render()) from None
     except (OSError, http.client.HTTPException) as exc:
-        if isinstance(exc, http.client.BadStatusLine) and str(exc).encode() == wire.RATE_LIMITED:
+        rate_limited = isinstance(exc, http.client.BadStatusLine) and str(exc).encode() == wire.RATE_LIMITED
+        if rate_limited or turned_away(exc):
             raise Unreachable(
                 f"the controller at {addr} rate-limits this address after bad requests (a wrong token?): wait"
             ) from None
@@ -94,6 +98,8 @@ def request(
         raise Unreachable(
             f"{addr} answered, but not with flodl's state (is this the controller port?)"
         ) from None
+    if response.status == 400 and isinstance(data, dict) and data.get("tls") is True:
+        raise Unreachable(f"the controller at {addr} speaks TLS: pin its certificate ({TLS_HOW})")
     return Reply(response.status, data if isinstance(data, dict) else {})
 
 
@@ -175,6 +181,17 @@ def _head(phase: Any, summary: str, failure: Any) -> list[Text | Table]:
     return [head, Text(f"failure: {peer(failure)}", style="red")] if failure else [head]
 
 
+def refusal_counts(state: dict[str, Any]) -> str:
+    """Refused hellos and dropped dials by reason, most first (``refused: bad_key 3 · dropped: …``)."""
+    parts = []
+    for field in ("refused", "dropped"):
+        counts = state.get(field)
+        if isinstance(counts, dict) and counts:
+            ranked = sorted(counts.items(), key=lambda kv: (-kv[1] if isinstance(kv[1], int) else 0, kv[0]))
+            parts.append(f"{field}: " + ", ".join(f"{reason} {n}" for reason, n in ranked))
+    return " \u00b7 ".join(parts)
+
+
 def render(state: dict[str, Any]) -> list[Text | Table]:
     target = state.get("target")
     out = _head(
@@ -202,6 +219,9 @@ def render(state: dict[str, Any]) -> list[Text | Table]:
                 _age(beats.get(str(host.get("host")))),
             )
         )
+    turned = refusal_counts(state)
+    if turned:
+        out.append(Text(peer(turned), style="yellow"))
     if _hosts(state):
         out.append(table)
     ranks = [(rank, r) for rank, r in _map(state.get("ranks")).items() if isinstance(r, dict)]

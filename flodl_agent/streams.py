@@ -8,10 +8,10 @@ import ssl
 
 from . import wire
 from .address import join_address
-from .join_protocol import NEED_DATA, Event, JoinClient, JoinServer
+from .join_protocol import NEED_DATA, RATE_LIMITED, Event, JoinClient, JoinServer
 from .pin import PinMismatch, check_pin
 from .retry import Permanent, Transient
-from .tls import client_context
+from .tls import client_context, turned_away
 
 DIAL_TIMEOUT = 10.0
 
@@ -27,6 +27,8 @@ async def dial(
             timeout,
         )
     except (OSError, asyncio.IncompleteReadError) as exc:
+        if turned_away(exc):
+            raise Transient(f"refused: {RATE_LIMITED.reason}", RATE_LIMITED.fix) from None
         if pin and isinstance(exc, ssl.SSLError | ConnectionResetError | asyncio.IncompleteReadError):
             # Something listens, but the handshake died: a port that does not speak TLS hangs up.
             raise Transient(

@@ -46,6 +46,12 @@ def client_context() -> ssl.SSLContext:
     return ctx
 
 
+def turned_away(exc: BaseException) -> bool:
+    """The controller's dial guard turned this TLS dial away: its access_denied alert, sent
+    before any handshake for the cost of one send (a cleartext dial reads ``wire.RATE_LIMITED``)."""
+    return isinstance(exc, ssl.SSLError) and exc.reason == "TLSV1_ALERT_ACCESS_DENIED"
+
+
 def generate(cert: Path, key: Path, names: list[str], days: int = 3650) -> str:
     """A self-signed certificate and its key (mode 0600) for the controller; its fingerprint."""
     from cryptography import x509

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .config.models import Ssh
+from .errors import host_key_mismatch
 from .net import ssh_argv
 from .retry import Permanent, Transient
 
@@ -71,6 +72,8 @@ class Tunnel:
                     if self.proc.stderr
                     else ""
                 )
+                if mismatch := host_key_mismatch(f"the ssh tunnel to {self.ssh.target}", err):
+                    raise Permanent(mismatch.message, mismatch.fix)  # never re-dial a man in the middle
                 raise Transient(
                     f"the ssh tunnel did not come up: {err or 'ssh exited'}",
                     f"the door's name {self.ssh.target} does not resolve: check join.ssh.target, or name "

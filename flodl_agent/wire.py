@@ -84,6 +84,20 @@ RATE_LIMITED = b"FL!rate-limited\n"
 # RATE_LIMITED, so the box can say why and stop, and a flood of them costs one send each.
 WRONG_KEY = b"FL!wrong-key\n"
 
+# What a walk-in sends instead of a hello when the challenge is bound (the run needs a key)
+# and it holds none, so the controller can log and count the refusal (``bad_key``) instead
+# of seeing a silent hang-up. It proves nothing. (A wrong key is caught by the controller
+# itself: its hello does not verify, and the box reads WRONG_KEY.)
+NO_KEY = b"FL?no-key\n"
+
+# TLS records begin with a content type (0x15 alert, 0x16 handshake) and major version 3:
+# what a cleartext walk-in reads where a challenge should be when the port speaks TLS.
+TLS_RECORDS = (b"\x15\x03", b"\x16\x03")
+# Fatal alerts the controller sends in cleartext before any handshake: to a cleartext dial on
+# its TLS port (protocol_version), and to a TLS dial the dial guard turns away (access_denied).
+TLS_CLEARTEXT_ALERT = b"\x15\x03\x03\x00\x02\x02\x46"
+TLS_DENIED_ALERT = b"\x15\x03\x03\x00\x02\x02\x31"
+
 # The first four bytes of every HTTP method: the status surface answers the others 405.
 HTTP_METHODS = frozenset({b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"PATC", b"OPTI"})
 

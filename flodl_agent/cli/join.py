@@ -92,7 +92,11 @@ class _JoinCommand(TailCommand):
 )
 @click.option("--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
 @click.option(
-    "--tls-fingerprint", "pin", metavar="SHA256", help="The controller serves TLS: pin its certificate."
+    "--tls-fingerprint",
+    "pin",
+    metavar="SHA256",
+    help="The controller serves TLS: pin its certificate (default: FDL_TLS_FINGERPRINT, else "
+    "join.tls_fingerprint).",
 )
 @click.option(
     "--host",
@@ -164,6 +168,7 @@ def join_cmd(
         ssh=ssh_dest,
         identity=identity,
         pin=pin,
+        env_pin=os.environ.get("FDL_TLS_FINGERPRINT"),
         host=host_name,
         devices=devices,
         persist=persist,

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from flodl_agent.agent import AgentFailure
 from flodl_agent.controller import Controller
 from tests.support.control_plane import agent, settings, walk_in
 
@@ -128,6 +129,11 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         roster = rows("roster")
         assert sorted(r[0] for r in roster) == ["box-a", "box-b"]
         assert all(r[3] == "cpu" for r in roster)  # the torch variant each box offers
+        assert not browser.find_element(By.ID, "refusals").find_elements(By.CSS_SELECTOR, "tbody tr")
+        twin = on(loop, walk_in(agent(ctl, "box-a")))  # a second box-a: refused by name, and counted
+        assert isinstance(twin, AgentFailure) and "already joined" in twin.message
+        wait.until(lambda _: ["refused", "host_joined", "1"] in rows("refusals"))
+        assert not browser.find_element(By.ID, "refusals-empty").is_displayed()
         start = browser.find_element(By.ID, "start")
         assert start.is_displayed()  # manual start, quorum met: POST /start would be accepted
 
@@ -178,6 +184,7 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         assert events[0] == ("open", "join window opened (quorum 2, target 2, start manual)")
         assert sorted(what.split()[1] for kind, what in events if kind == "join") == ["box-a", "box-b"]
         assert ("start", "operator start accepted") in events
+        assert ("refusal", "refused box-a: host box-a already joined this run") in events
         assert ("formed", "world formed: 2 ranks on 2 hosts; training") in events
 
         height = browser.execute_script("return document.documentElement.scrollHeight")

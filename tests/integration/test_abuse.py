@@ -14,6 +14,7 @@ import contextlib
 import http.client
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -28,14 +29,16 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from flodl_agent import wire
-from flodl_agent.agent import AgentOptions, join_once
+from flodl_agent.agent import TRANSIENT, AgentFailure, AgentOptions, join_once
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
 from flodl_agent.http_surface import HttpLimits
 from flodl_agent.join_protocol import Challenged, JoinClient
 from flodl_agent.listener import Timeouts
+from flodl_agent.status import Unreachable, request
+from flodl_agent.tls import generate
 from tests.support import free_port, remote_address
-from tests.support.control_plane import agent, run, settings, until
+from tests.support.control_plane import agent, run, settings, until, walk_in
 
 TOKEN = "00112233445566778899aabbccddeeff"
 FDL = Path(sys.executable).with_name("fdl")
@@ -63,7 +66,16 @@ def state(port: int) -> dict[str, object]:
 @pytest.fixture
 def launched(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]]:
     """`fdl launch` with a join.token on every address: two ranks, discovery, an open window."""
+    with launch(tmp_path) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def launch(tmp_path: Path, files: int | None = None) -> Iterator[tuple[subprocess.Popen[str], int, Path]]:
+    """The launched fixture's controller; ``files``: its open-file limit, soft and hard (it cannot
+    raise a hard limit)."""
     port = free_port()
+    limit = None if files is None else (files, files)
     window = {
         "discovery": True,
         "token": TOKEN,
@@ -91,6 +103,7 @@ def launched(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "NO_COLOR": "1"},
+        preexec_fn=None if limit is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit),
     )
     try:
         yield proc, port, out
@@ -185,7 +198,7 @@ def test_a_flood_during_the_window_does_not_keep_walk_ins_out_or_grow_the_contro
         # (as rate-limited once the wrong-key hellos and the junk spent the address's budget).
         turned_away = dropped.get("busy_peer", 0) + dropped.get("rate_limited", 0)
         assert turned_away >= 400 - Timeouts().per_peer - 20, dropped
-        assert dropped.get("tag", 0) >= 1  # a hello under a wrong key: a bad dial, counted
+        assert seen["refused"].get("bad_key", 0) >= 1  # a hello under a wrong key: refused, counted
         assert seen["admitted"] == 2
         # Bounded: hundreds of connections and handshakes cost the controller a few MB, not a leak.
         assert peak - baseline < 64 * 1024, f"the controller grew {(peak - baseline) // 1024} MiB"
@@ -364,3 +377,86 @@ async def _admitted_then_leave(ctl: Controller, opts: AgentOptions) -> bool:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     return True
+
+
+# --- TLS under a flood -------------------------------------------------------------------
+
+
+@needs_remote
+def test_a_flood_of_silent_tls_dials_is_capped_and_counted_while_status_answers(tmp_path: Path) -> None:
+    """The gate works on the bare socket, before the handshake: 400 dials from one address
+    that never send a ClientHello hold at most the per-peer cap, each held one is cut at the
+    handshake's deadline and charged to the dial guard, and a pinned `fdl status` is served
+    throughout; the spent address is then told it is rate-limited, for one send."""
+    cert, key = tmp_path / "c.pem", tmp_path / "c.key"
+    pin = generate(cert, key, ["127.0.0.1"])
+    per_peer = 64
+    timeouts = Timeouts(preamble=2.0, per_peer=per_peer)
+
+    async def scenario() -> None:
+        ctl = Controller(settings(bind="0.0.0.0", tls=(str(cert), str(key))), timeouts=timeouts)
+        await ctl.start()
+        idle: list[asyncio.StreamWriter] = []
+        await hold_idle(ctl.port, 400, idle)
+        await until(lambda: ctl.dropped["busy_peer"] == 400 - per_peer)
+        assert ctl.listener.gate.unsettled(str(REMOTE)) == per_peer
+        status = await asyncio.to_thread(
+            subprocess.run,
+            [str(FDL), "status", "--json", "--addr", f"127.0.0.1:{ctl.port}"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "NO_COLOR": "1", "FDL_TLS_FINGERPRINT": pin},
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        seen = json.loads(status.stdout)
+        assert seen["phase"] == "waiting" and seen["dropped"]["busy_peer"] == 400 - per_peer
+        await until(lambda: ctl.dropped["timeout"] == per_peer)  # the handshake's deadline
+        assert ctl.listener.gate.unsettled(str(REMOTE)) == 0
+        with pytest.raises(Unreachable, match="rate-limits this address"):
+            await asyncio.to_thread(request, f"{REMOTE}:{ctl.port}", "GET", "/state.json", pin=pin)
+        box = AgentOptions(
+            controller_host=str(REMOTE),
+            controller_port=ctl.port,
+            host="box-r",
+            devices=DeviceOffer("cpu", cpus=1),
+            tls_fingerprint=pin,
+        )
+        told = await walk_in(box)  # a pinned walk-in reads the alert as the same transient refusal
+        assert isinstance(told, AgentFailure) and told.code == TRANSIENT
+        assert told.message == "refused: rate-limited by the controller after bad dials (wrong token?)"
+        assert ctl.dropped["rate_limited"] >= 2
+        for writer in idle:
+            writer.close()
+        await ctl.close()
+
+    run(scenario)
+
+
+@needs_remote
+def test_out_of_file_descriptors_the_controller_says_so_once_and_recovers(tmp_path: Path) -> None:
+    """A controller held to 64 descriptors, flooded with silent dials: at the limit it stops
+    accepting and says so once (asyncio's own loop would log a traceback per attempt), the
+    dials it holds are cut at their deadline, and it accepts again: `fdl status` answers."""
+    with launch(tmp_path, files=64) as (proc, port, _):
+
+        async def scenario() -> None:
+            await until(lambda: _answers(port), timeout=30)
+            idle: list[asyncio.StreamWriter] = []
+            await hold_idle(port, 200, idle)  # far past the limit; the backlog holds the rest
+            # The held ones time out, the address is then rate-limited and the backlog drains.
+            await until(lambda: _answers(port), timeout=60)
+            seen = await asyncio.to_thread(state, port)
+            dropped = seen["dropped"]
+            assert isinstance(dropped, dict) and dropped["timeout"] >= 20, dropped
+            for writer in idle:
+                writer.close()
+
+        asyncio.run(asyncio.wait_for(scenario(), 120))
+        proc.terminate()
+        _, log = proc.communicate(timeout=30)
+    starved = [line for line in log.splitlines() if "out of file descriptors (EMFILE" in line]
+    assert 1 <= len(starved) <= 3, log[-3000:]  # once per episode, not once per accept attempt
+    assert "accepting connections again after" in log
+    assert "Traceback" not in log and "socket.accept() out of system resource" not in log
+    assert len(log) < 20_000, f"{len(log)} bytes of log"

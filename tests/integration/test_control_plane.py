@@ -166,7 +166,7 @@ def test_token_run_admits_the_right_key_and_turns_a_wrong_one_away_for_good() ->
         assert isinstance(wrong, AgentFailure) and wrong.code == PERMANENT
         assert "cannot verify this box's hello under the key of host intruder" in wrong.message
         # a peer that ignores the challenge's bound flag and says hello under zeros: counted as a
-        # bad tag, and told so in fixed bytes before the hang-up
+        # bad key, and told so in fixed bytes before the hang-up
         reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
         writer.write(wire.Channel.JOIN.value)
         assert await reader.read(65536)  # the challenge
@@ -175,7 +175,7 @@ def test_token_run_admits_the_right_key_and_turns_a_wrong_one_away_for_good() ->
         assert await reader.read(65536) == wire.WRONG_KEY
         assert await reader.read(65536) == b""
         writer.close()
-        await until(lambda: ctl.dropped["tag"] == 2)
+        await until(lambda: ctl.refused["bad_key"] == 2)
         assert ctl.window.joined_ranks == 0
         assert await walk_in(agent(ctl, "real", 1, key=bytes.fromhex(TOKEN))) == 0
         await ctl.finished.wait()
@@ -252,7 +252,7 @@ def test_a_tampered_frame_is_dropped() -> None:
         assert await reader.read(65536) == wire.WRONG_KEY  # a bad tag, whatever made it bad
         assert await reader.read(65536) == b""
         writer.close()
-        await until(lambda: ctl.dropped["tag"] == 1)
+        await until(lambda: ctl.refused["bad_key"] == 1)
         assert ctl.window.joined_ranks == 0
         await ctl.close()
 

@@ -16,19 +16,31 @@ import pytest
 from flodl_agent.agent_spec import decode
 from flodl_agent.config import Cluster, ClusterBuilder
 from flodl_agent.fanout import orphan_tag, plan, remote_command
+from flodl_agent.tls import generate
 from tests.support import free_port
 from tests.support.sshd import Sshd, loopback_cluster
 
 ROOT = Path(__file__).parents[2]
 
 
+TOKEN = {"token": "00112233445566778899aabbccddeeff"}
+
+
 @pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "fdl").exists(), reason="needs the repository's .venv")
-@pytest.mark.parametrize("join", [{}, {"token": "00112233445566778899aabbccddeeff"}], ids=["open", "token"])
-def test_launch_fans_out_over_ssh_and_runs_to_done(sshd: Sshd, tmp_path: Path, join: dict[str, str]) -> None:
-    """Open (loopback, no token) or with a token: then each agent gets its own name's key on stdin."""
+@pytest.mark.parametrize(
+    ("join", "tls"), [({}, False), (TOKEN, False), (TOKEN, True)], ids=["open", "token", "tls"]
+)
+def test_launch_fans_out_over_ssh_and_runs_to_done(
+    sshd: Sshd, tmp_path: Path, join: dict[str, str], tls: bool
+) -> None:
+    """Open (loopback, no token) or with a token: then each agent gets its own name's key on
+    stdin, and over TLS the certificate's pin with it."""
     out = tmp_path / "ranks"
     out.mkdir()
-    config = loopback_cluster(tmp_path, sshd, free_port(), **join)
+    pair = (tmp_path / "c.pem", tmp_path / "c.key")
+    if tls:
+        generate(*pair, ["127.0.0.1"])
+    config = loopback_cluster(tmp_path, sshd, free_port(), tls=pair if tls else None, **join)
     rank = [
         sys.executable,
         "-c",

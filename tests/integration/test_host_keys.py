@@ -42,11 +42,12 @@ def test_a_stolen_workers_key_takes_no_other_name_and_the_real_worker_then_walks
         assert isinstance(stolen, AgentFailure) and stolen.code == PERMANENT
         assert "cannot verify this box's hello under the key of host w2" in stolen.message
         assert "join.host" in stolen.fix
-        await until(lambda: ctl.dropped["tag"] == 1)  # a bad dial: counted, never admitted
+        await until(lambda: ctl.refused["bad_key"] == 1)  # counted and logged, never admitted
         # nor a name of its own making
         made_up = await walk_in(agent(ctl, "w3", host_key=own("w1")))
         assert isinstance(made_up, AgentFailure) and made_up.code == PERMANENT
-        assert ctl.window.joined_ranks == 0 and not ctl.links and not ctl.refused
+        assert ctl.window.joined_ranks == 0 and not ctl.links and ctl.refused == {"bad_key": 2}
+        assert not ctl.dropped  # a refusal the log names, not junk
         # the real w2 with its own key (and w1 with its) walk in and train
         results = await asyncio.gather(
             walk_in(agent(ctl, "w2", host_key=own("w2"))), walk_in(agent(ctl, "w1", host_key=own("w1")))

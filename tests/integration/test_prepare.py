@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine
@@ -496,3 +497,52 @@ def test_the_stage_must_be_writable_and_tmpfs_is_said_not_refused(tmp_path: Path
         finally:
             shutil.rmtree(stage.parent)
         assert any(line.startswith("note: ") and "is on tmpfs" in line for line in logs)
+
+
+def _mismatched(sshd: Sshd) -> None:
+    """known_hosts pins another key for the door: what a man in the middle looks like."""
+    other = sshd.home / "other_host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    sshd.known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {other.with_suffix('.pub').read_text().strip()}\n")
+
+
+@pytest.mark.parametrize("how", ["rsync", "git+ssh", "sshfs"])
+def test_a_host_key_that_does_not_match_its_pin_stops_fetch_and_mount_for_good(
+    tmp_path: Path, sshd: Sshd, how: str
+) -> None:
+    """The same words and exit 2 as the tunnel's (test_tunnel): one classifier for all three."""
+    from flodl_agent.prepare import mount_data
+
+    served = published(tmp_path)
+    ssh = Ssh(identity_file=str(sshd.client_key), options=sshd.options)
+    door = f"root@127.0.0.1:{sshd.port}"
+    url = f"rsync://{door}:{served}/tree"
+    if how == "git+ssh":
+        repo = tmp_path / "repo"
+        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+        (repo / "train.py").write_text("print('x')\n")
+        subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+        subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+            check=True,
+        )
+        url = f"git+ssh://{door}{repo}#main"
+        ok = Source.model_validate({"from": url, "bin": "train.py"})
+        assert prepare(ok, tmp_path / "ok", ssh).command  # the pinned key lets it through
+    _mismatched(sshd)
+    if how == "sshfs":
+        data = f"sshfs://{door}:{served}"
+        where, doing = tmp_path / "mnt", f"mounting {data}"
+        try:
+            refused = failure(lambda: mount_data(data, where, ssh))
+        finally:
+            subprocess.run(["fusermount", "-uz", str(where)], check=False, capture_output=True)
+    else:
+        doing = f"fetching {parse_source(url)}"
+        refused = failure(lambda: prepare(Source.model_validate({"from": url}), tmp_path / "stage", ssh))
+    assert refused.code == PERMANENT
+    assert refused.message == (
+        f"{doing}: the host key does not match the one pinned in known_hosts "
+        "(ssh: Host key verification failed)"
+    )
+    assert "Never turn StrictHostKeyChecking off" in refused.fix

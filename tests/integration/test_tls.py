@@ -43,15 +43,17 @@ def test_walk_ins_pin_the_certificate_and_train_over_tls(cert: tuple[Path, Path,
         assert state["phase"] == "waiting"
         with pytest.raises(Unreachable, match=r"presented TLS certificate sha256:.*not the pinned"):
             await asyncio.to_thread(request, addr, "GET", "/state.json", pin="sha256:" + "0" * 64)
-        with pytest.raises(Unreachable):  # plain HTTP to a TLS port gets nothing back
+        with pytest.raises(Unreachable, match="speaks TLS: pin its certificate"):  # plain HTTP is told why
             await asyncio.to_thread(request, addr, "GET", "/state.json")
 
         wrong = await walk_in(replace(agent(ctl, "wrong"), tls_fingerprint="sha256:" + "1" * 64))
         assert isinstance(wrong, AgentFailure) and wrong.code == PERMANENT
         assert "not the pinned sha256:1111" in wrong.message and "never drop the pin" in wrong.fix
-        plain = await walk_in(agent(ctl, "plain"))  # no pin: a cleartext hello to a TLS port
-        assert isinstance(plain, AgentFailure) and plain.code != PERMANENT
-        assert ctl.admitted == 0
+        plain = await walk_in(agent(ctl, "plain"))  # no pin: a cleartext dial to a TLS port
+        assert isinstance(plain, AgentFailure) and plain.code == PERMANENT  # no re-dial fixes it
+        assert plain.message == "this controller speaks TLS: pin its certificate"
+        assert "FDL_TLS_FINGERPRINT" in plain.fix and "permitopen" not in plain.fix
+        assert ctl.admitted == 0 and ctl.dropped["cleartext"] == 2  # the HTTP request and the dial
 
         boxes = [replace(agent(ctl, name), tls_fingerprint=pin) for name in ("box-a", "box-b")]
         assert await asyncio.gather(*(walk_in(b) for b in boxes)) == [0, 0]
@@ -110,6 +112,30 @@ def test_the_cli_generates_prints_and_pins(tmp_path: Path) -> None:
         )
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["phase"] == "waiting"
+        # fdl join honours FDL_TLS_FINGERPRINT as status does; without a pin it stops (exit 2).
+        joins = [
+            asyncio.create_subprocess_exec(
+                str(FDL),
+                "join",
+                f"127.0.0.1:{ctl.port}",
+                "--host",
+                name,
+                "--devices",
+                "cpu:1",
+                env=env if pinned else {k: v for k, v in env.items() if k != "FDL_TLS_FINGERPRINT"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=tmp_path,
+            )
+            for name, pinned in (("box-a", True), ("box-b", True), ("box-c", False))
+        ]
+        procs = [await j for j in joins]
+        done = [await asyncio.wait_for(p.communicate(), 60) for p in procs]
+        codes = [p.returncode for p in procs]
+        assert codes == [0, 0, 2], [e.decode()[-2000:] for _, e in done]
+        assert "this controller speaks TLS: pin its certificate" in done[2][1].decode()
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0 and ctl.admitted == 2
         await ctl.close()
 
     run(scenario)
@@ -156,13 +182,16 @@ def test_http_client_without_pin_on_tls_port_is_refused_by_the_server(cert: tupl
         ctl = Controller(settings(tls=(str(c), str(k))))
         await ctl.start()
 
-        def plain() -> None:
+        def plain() -> tuple[int, dict[str, object]]:
             conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=10)
-            with pytest.raises((http.client.HTTPException, ConnectionError)):
-                conn.request("GET", "/state.json")
-                conn.getresponse()
+            conn.request("GET", "/state.json")
+            response = conn.getresponse()
+            return response.status, json.loads(response.read())
 
-        await asyncio.to_thread(plain)
+        # Told in cleartext what to do, and nothing of the state: no phase, no roster.
+        status, body = await asyncio.to_thread(plain)
+        assert status == 400 and body["tls"] is True and "phase" not in body
+        assert "speaks TLS: pin its certificate" in str(body["error"])
         await ctl.close()
 
     run(scenario)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from flodl_agent.agent import AgentFailure, AgentOptions
+from flodl_agent.agent import PERMANENT, AgentFailure, AgentOptions
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
 from tests.support.control_plane import run, settings, walk_in
@@ -92,8 +92,13 @@ def test_a_host_key_that_does_not_match_the_pin_stops_the_tunnel(sshd: Sshd) -> 
         ctl = Controller(settings(quorum=1, target=1))
         await ctl.start()
         result = await walk_in(_through(sshd, ctl, "mitm"))
-        assert isinstance(result, AgentFailure) and "tunnel did not come up" in result.message
-        assert "host key" in result.fix
+        # Permanent: flodl-join.service must not re-dial a man in the middle forever.
+        assert isinstance(result, AgentFailure) and result.code == PERMANENT
+        assert result.message == (
+            "the ssh tunnel to 127.0.0.1: the host key does not match the one pinned in known_hosts "
+            "(ssh: Host key verification failed)"
+        )
+        assert "pin its new key" in result.fix and "Never turn StrictHostKeyChecking off" in result.fix
         await ctl.close()
 
     run(scenario)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from flodl_agent import wire
+from flodl_agent.pin import normalize
 from tests.support.lab import CONTROLLER, ROOT, WORKERS, bare_check, booted, in_lab, journals, on, play
 
 pytestmark = pytest.mark.lab
@@ -208,6 +209,33 @@ def test_a_run_walks_both_workers_in_through_the_door(lab: dict[str, str]) -> No
     assert len(weights) == 1, run.stdout[-3000:]
     units = [on(w, "systemctl", "is-enabled", "flodl-join.service").stdout.strip() for w in WORKERS]
     assert units == ["enabled", "enabled"]
+
+
+def test_a_run_goes_through_tls_end_to_end(lab: dict[str, str]) -> None:
+    # `-e flodl_controller_tls=true` is a string, the way an operator types it: every role takes it
+    # as a bool, and the workers' pins and the controller's cluster file agree.
+    tls = play(lab, "site.yml", "-e", "flodl_controller_tls=true")
+    try:
+        assert tls.returncode == 0, tls.stdout[-4000:]
+        pin = on(CONTROLLER, "fdl", "tls", "fingerprint", "/etc/flodl/tls/controller.pem").stdout.strip()
+        assert pin.startswith("sha256:")
+        for worker in WORKERS:
+            join = yaml.safe_load(on(worker, "cat", "/etc/flodl/fdl.yml").stdout)["join"]
+            assert normalize(join["tls_fingerprint"]) == pin
+        # run.yml's wait pins the certificate the cluster file serves; the walk-ins pin it
+        # through the door's tunnel; the controller's log is the run unit's journal.
+        run = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
+        assert run.returncode == 0, run.stdout[-3000:] + journals()
+        assert "run complete: every host link closed" in run.stdout
+        for worker in WORKERS:
+            assert f"admitted {worker}" in run.stdout
+        # A cleartext `fdl status` is told what the port speaks (and the run left no log file).
+        plain = on(CONTROLLER, "fdl", "status", "--addr", "127.0.0.1:1337")
+        assert plain.returncode == 1 and "speaks TLS: pin its certificate" in plain.stderr, plain.stderr
+        assert on(CONTROLLER, "test", "-e", "/var/log/flodl-run.log").returncode == 1
+    finally:
+        restored = play(lab, "site.yml")  # cleartext again, for the suites after this one
+        assert restored.returncode == 0, restored.stdout[-4000:]
 
 
 PUBLISHED = """import sys

@@ -141,10 +141,13 @@ def serve(home: Path, env: Mapping[str, str] | None = None, extra: str = "") -> 
         proc.wait(timeout=10)
 
 
-def loopback_cluster(tmp_path: Path, server: Sshd, port: int, **join: object) -> Path:
+def loopback_cluster(
+    tmp_path: Path, server: Sshd, port: int, tls: tuple[Path, Path] | None = None, **join: object
+) -> Path:
     """A cluster file whose two workers, fan-a and fan-b, are this box reached through ``server``;
-    they run the repository's own fdl, the controller on ``port``."""
-    builder = ClusterBuilder().controller("127.0.0.1", port=port, path=str(ROOT)).join(**join)
+    they run the repository's own fdl, the controller on ``port`` (over TLS with ``tls``: cert, key)."""
+    served = {"tls": {"cert": str(tls[0]), "key": str(tls[1])}} if tls else {}
+    builder = ClusterBuilder().controller("127.0.0.1", port=port, path=str(ROOT), **served).join(**join)
     for name in ("fan-a", "fan-b"):
         builder.worker(
             name,

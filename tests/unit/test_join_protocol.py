@@ -19,6 +19,7 @@ from flodl_agent.join_protocol import (
     JoinClient,
     JoinError,
     JoinServer,
+    KeyRefused,
     Message,
     Refused,
     State,
@@ -128,12 +129,26 @@ def test_link_messages_carry_bulk_bytes_and_heartbeats() -> None:
     assert isinstance(stream.message, Stream) and stream.message.data == b"x"
 
 
-def test_a_box_without_a_key_fails_permanently_before_its_hello() -> None:
+def test_a_box_without_a_key_fails_permanently_and_says_so_before_any_hello() -> None:
     client = JoinClient(None)
+    server = token_server()
     with pytest.raises(JoinError, match="requires a join key and this box has none") as caught:
-        events(client, token_server().start())
+        events(client, server.start())
     assert caught.value.permanent and "join.token" in caught.value.fix
-    assert client.state is State.CHALLENGE  # nothing was said
+    assert client.state is State.CHALLENGE  # no hello was said
+    # It tells the controller why it hangs up, so the refusal is logged and counted there.
+    assert caught.value.reply == wire.NO_KEY
+    assert events(server, caught.value.reply, chunk=2) == [KeyRefused(), Closed()]
+    assert server.state is State.REFUSED
+
+
+def test_a_hello_that_merely_starts_like_the_no_key_notice_is_still_a_hello() -> None:
+    server, client = token_server(), JoinClient(BOX_A)
+    events(client, server.start())
+    hello = client.hello(HELLO)
+    assert hello[:2] == wire.NO_KEY[:2]  # "FL": held until the third byte tells them apart
+    [received] = events(server, hello, chunk=1)
+    assert isinstance(received, HelloReceived) and received.hello.host == "box-a"
 
 
 def test_a_box_holding_a_key_will_not_be_admitted_by_an_open_challenge() -> None:
@@ -142,6 +157,7 @@ def test_a_box_holding_a_key_will_not_be_admitted_by_an_open_challenge() -> None
     with pytest.raises(JoinError, match="cannot prove it is this run's controller") as caught:
         events(client, open_server().start())
     assert caught.value.permanent and "cluster.controller.join.token" in caught.value.fix
+    assert not caught.value.reply
 
 
 # (key the box holds, name its hello gives): each fails the bound hello's tag
@@ -159,7 +175,7 @@ def test_a_hello_under_a_key_that_is_not_its_names_is_refused_permanently(key: b
     events(client, server.start())
     with pytest.raises(WrongKey) as caught:
         events(server, client.hello({**HELLO, "host": host}))
-    assert caught.value.cause == "tag"  # a bad dial like any bad tag: counted, charged
+    assert caught.value.cause == "tag" and caught.value.host == host  # the controller logs the name
     assert server.hello is None and server.state is State.REFUSED
     # what the controller writes before it hangs up: the box says why and stops
     told = events(client, caught.value.reply, chunk=3)
@@ -193,6 +209,18 @@ def test_a_bound_hello_that_names_no_host_or_is_not_a_hello_is_dropped() -> None
         with pytest.raises(wire.Dropped) as caught:
             events(server, wire.Codec(BOX_A).encode(kind, body))
         assert caught.value.cause == cause and not isinstance(caught.value, WrongKey)
+
+
+@pytest.mark.parametrize(
+    "record", [wire.TLS_CLEARTEXT_ALERT, wire.TLS_DENIED_ALERT, b"\x16\x03\x03\x00\x7a\x02"]
+)
+def test_a_tls_record_where_the_challenge_should_be_says_pin_the_certificate(record: bytes) -> None:
+    with pytest.raises(JoinError) as caught:
+        events(JoinClient(BOX_A), record)
+    assert (
+        caught.value.permanent and caught.value.message == "this controller speaks TLS: pin its certificate"
+    )
+    assert "FDL_TLS_FINGERPRINT" in caught.value.fix and not caught.value.reply
 
 
 def test_a_refusal_reaches_the_client_by_name() -> None:

@@ -35,6 +35,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.wire": IO_MODULES,
     "flodl_agent.hub": IO_MODULES,
     "flodl_agent.history": IO_MODULES,
+    "flodl_agent.log_limit": IO_MODULES,
     "flodl_agent.ranks": IO_MODULES,
     "flodl_agent.window": IO_MODULES,
     "flodl_agent.messages": PYDANTIC,

@@ -28,6 +28,7 @@ from flodl_agent.options import (
 HOSTNAME = "this-box"
 PIN = "sha256:" + "ab" * 32
 PIN_COLONS = ":".join(["CD"] * 32)  # openssl's spelling of sha256:cdcd…
+PIN_SPEC = "sha256:" + "5e" * 32
 ADDR = {"address": "10.9.9.9:9"}  # so a case that is not about the address resolves one
 
 
@@ -108,7 +109,7 @@ JOIN_LAYERS: list[tuple[str, Any, Any, Any, Any, Any]] = [
     (
         "tls_fingerprint",
         ({"pin": PIN_COLONS}, "sha256:" + "cd" * 32),
-        None,
+        ({"tls_fingerprint": PIN_SPEC}, PIN_SPEC),  # a fan-out launch over TLS hands its agents the pin
         ({"tls_fingerprint": PIN}, PIN),
         "",
         lambda s: s.tls_fingerprint,
@@ -458,10 +459,22 @@ def test_status_pin_flag_then_env_then_cluster_certificate(
     assert resolve_pin(flag, env, cluster_pin) == expected
 
 
-def test_status_a_bad_pin_names_the_flag() -> None:
+def test_status_a_bad_pin_names_where_it_came_from() -> None:
     with pytest.raises(OptionError) as caught:
         resolve_pin(None, {"FDL_TLS_FINGERPRINT": "nope"}, None)
+    assert caught.value.param == "FDL_TLS_FINGERPRINT"
+    with pytest.raises(OptionError) as caught:
+        resolve_pin("nope", {}, None)
     assert caught.value.param == "--tls-fingerprint"
+
+
+def test_join_takes_fdl_tls_fingerprint_under_the_flag_and_over_the_spec_and_block() -> None:
+    spec, block = {"tls_fingerprint": PIN_SPEC}, {"tls_fingerprint": PIN}
+    assert join(ADDR | {"env_pin": PIN_COLONS}, spec, block).tls_fingerprint == "sha256:" + "cd" * 32
+    assert join(ADDR | {"pin": PIN, "env_pin": PIN_COLONS}, spec, block).tls_fingerprint == PIN
+    with pytest.raises(OptionError) as caught:
+        join(ADDR | {"env_pin": "nope"}, {}, {})
+    assert caught.value.param == "FDL_TLS_FINGERPRINT"
 
 
 def test_the_resolvers_import_neither_click_nor_asyncio() -> None:
