@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,9 +28,9 @@ from . import wire
 from .address import is_loopback
 from .admission import Cohort, Refusal, check
 from .controller_settings import Settings
-from .controller_view import ControllerView, host_json
+from .controller_view import ControllerView
 from .hub import Hub
-from .join_protocol import Closed, HelloReceived, JoinServer, Message
+from .join_protocol import Closed, Event, HelloReceived, JoinServer, Message
 from .listener import Listener, Timeouts
 from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
@@ -39,7 +38,7 @@ from .placement.fleet import PlacementError
 from .placement.parallel import check_world
 from .ranks import RankRange, assign_contiguous, rank_span
 from .rendezvous import StreamRouter
-from .streams import next_event, write_parts
+from .streams import next_event, take_over, write_parts
 from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
 from .traffic import RoundFailed, Traffic
 from .window import Fail, Form, Keep, Window
@@ -58,6 +57,9 @@ class Link:
 
     def send(self, kind: wire.Kind, body: dict[str, Any], blob: wire.Blob = b"") -> None:
         write_parts(self.writer, self.conn.send(kind, body, blob))
+
+    def send_shared(self, kind: wire.Kind, shared: wire.SharedMap, own: dict[str, Any]) -> None:
+        write_parts(self.writer, [self.conn.send_shared(kind, shared, own)])
 
 
 class Controller:
@@ -98,7 +100,7 @@ class Controller:
         self.finished = asyncio.Event()
         self.exit_code = 1
         self.reason = ""
-        self.formed: list[dict[str, Any]] = []  # the world as formed: the run's report outlives the links
+        self.formed: list[tuple[Link, int]] = []  # the world as formed (host, first rank): for the report
         self.run_id = ""  # the published run the formed world holds ("" when none)
         self.supervisor: Supervisor | None = None  # the formed world's exits, failures and deadlines
         self.traffic: Traffic | None = None  # rendezvous streams and averaging rounds, once formed
@@ -182,22 +184,22 @@ class Controller:
                 self._apply(self.window.fail(reason, self.clock()))
                 return
         ranges = assign_contiguous([(m.host, m.ranks) for m in members])
-        common = {
-            "world_size": ranges[-1].stop if ranges else 0,
-            "hosts": len(ranges),
-            "command": self.settings.command,
-            "env": self.settings.env,
-            "launch": self.settings.launch,
-        }
+        common = wire.SharedMap.of(  # packed once: each host's frame adds its own share
+            {
+                "world_size": ranges[-1].stop if ranges else 0,
+                "hosts": len(ranges),
+                "command": self.settings.command,
+                "env": self.settings.env,
+                "launch": self.settings.launch,
+            }
+        )
         # Training starts at the freeze: a host that gets its share early may
         # finish (or die) before the last one is sent, and training judges that.
         self.window.formed(self.clock())
         for r in ranges:
             if r.host in self.links:
                 self.links[r.host].ranks = r.ranks
-        self.formed = [
-            json.loads(host_json(self.links[r.host], r.start)) for r in ranges if r.host in self.links
-        ]
+        self.formed = [(self.links[r.host], r.start) for r in ranges if r.host in self.links]
         self.run_id = self.cohort.run_id
         self.supervisor = Supervisor(
             {r.host: r.ranks for r in ranges if r.host in self.links}, self.settings.limits, self.clock()
@@ -208,7 +210,7 @@ class Controller:
         self._rearm()
         self.listener.spawn(self._ship(ranges, common))
 
-    async def _ship(self, ranges: list[RankRange], common: dict[str, Any]) -> None:
+    async def _ship(self, ranges: list[RankRange], common: wire.SharedMap) -> None:
         """Send every host its share of the world, yielding to other work between batches."""
         batch = self.timeouts.ship_batch
         try:
@@ -224,13 +226,14 @@ class Controller:
                     "count": r.count,
                     **self.settings.facts(r.host),
                 }
-                link.send(wire.Kind.WORLD_FORMED, {**common, "host": share, "group": group})
+                link.send_shared(wire.Kind.WORLD_FORMED, common, {"host": share, "group": group})
                 if group % batch == batch - 1:
                     await asyncio.sleep(0)  # let status requests through during a fleet-sized fan-out
         except Exception as exc:  # a formation that cannot ship must fail loudly, not hang
             self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
             return
-        self.note("formed", f"world formed: {common['world_size']} ranks on {len(ranges)} hosts; training")
+        world_size = ranges[-1].stop if ranges else 0
+        self.note("formed", f"world formed: {world_size} ranks on {len(ranges)} hosts; training")
 
     def _fail(self, reason: str) -> None:
         self.note("verdict", f"run failed: {reason}")
@@ -379,12 +382,17 @@ class Controller:
     async def _link(self, reader: asyncio.StreamReader, link: Link) -> None:
         """The host's control link for the whole run; its EOF is the host's exit."""
         host = link.hello.host
+
+        def heard(event: Event) -> None:  # every frame, as it verifies (a round's pieces among them)
+            if isinstance(event, Closed):
+                return
+            if self.supervisor is not None:
+                self.supervisor.heard(host, self.clock())
+            if isinstance(event, Message):
+                self._on_message(link, event)
+
         try:
-            while not isinstance(event := await next_event(reader, link.conn), Closed):
-                if self.supervisor is not None:
-                    self.supervisor.heard(host, self.clock())
-                if isinstance(event, Message):
-                    self._on_message(link, event)
+            await take_over(reader, link.writer, link.conn, heard).done
         except (wire.Dropped, BadMessage) as exc:
             self.dropped[getattr(exc, "cause", "payload")] += 1
         except (ConnectionError, asyncio.IncompleteReadError):

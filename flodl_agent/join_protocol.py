@@ -163,11 +163,26 @@ class _Side:
         """Bytes still missing from the frame being received: a hint for the read size."""
         return self.codec.wanted
 
+    def direct(self) -> memoryview | None:
+        """An admitted link: where the next bytes can be received straight into (``Codec.direct``);
+        None: receive them anywhere and pass them to ``receive_data``."""
+        return self.codec.direct() if self.state is State.ADMITTED else None
+
+    def filled(self, n: int) -> None:
+        """``n`` bytes were received into the view ``direct()`` returned."""
+        self.codec.filled(n)
+
     def send(self, kind: wire.Kind, body: Mapping[str, Any], blob: wire.Blob = b"") -> list[wire.Blob]:
         """A link frame as buffers to write in order (the raw bytes of a bulk frame never joined)."""
         if self.state is not State.ADMITTED:
             raise RuntimeError(f"no link to send {kind.name} on: the connection is {self.state.value}")
         return self.codec.encode_parts(kind, body, blob)
+
+    def send_shared(self, kind: wire.Kind, shared: wire.SharedMap, own: Mapping[str, Any]) -> bytes:
+        """A link frame whose map is ``shared`` (packed once for many links) and ``own``."""
+        if self.state is not State.ADMITTED:
+            raise RuntimeError(f"no link to send {kind.name} on: the connection is {self.state.value}")
+        return self.codec.encode_shared(kind, shared, own)
 
     def _frame(self) -> wire.Frame | _NeedData | Closed:
         frame = self.codec.next_frame()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,11 @@ from .admission import Gate
 from .net import keepalive
 from .pin import cleartext_warning
 from .tls import server_context
+
+# Connections asyncio accepts per wake-up of the listening socket before the loop runs
+# anything else (its backlog argument): small, so a storm of walk-ins cannot queue a
+# status request behind thousands of connects; the kernel's own queue stays SOMAXCONN deep.
+ACCEPT_BATCH = 64
 
 
 class BindError(Exception):
@@ -103,7 +109,7 @@ class Listener:
                 self.bind,
                 self.port,
                 limit=wire.CONTROL_MAX,
-                backlog=socket.SOMAXCONN,  # a storm of walk-ins must not overflow the accept queue
+                backlog=ACCEPT_BATCH,
                 ssl=context,
                 ssl_handshake_timeout=self.timeouts.preamble if context else None,
             )
@@ -111,6 +117,11 @@ class Listener:
             raise BindError(
                 f"cannot open the join window on {self.bind}:{self.port}: {exc.strerror}", exc.errno
             ) from None
+        for listening in self._server.sockets:
+            # A storm of walk-ins must not overflow the accept queue: listen again, deeper
+            # (on a duplicate of the descriptor: asyncio owns the socket).
+            with socket.socket(fileno=os.dup(listening.fileno())) as same:
+                same.listen(socket.SOMAXCONN)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
