@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import time
 from collections import Counter
@@ -36,12 +37,17 @@ from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
 from .placement.fleet import PlacementError
 from .placement.parallel import check_world
-from .ranks import RankRange, assign_contiguous, rank_span
+from .ranks import rank_span
 from .rendezvous import StreamRouter
 from .streams import next_event, take_over, write_parts
 from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
 from .traffic import RoundFailed, Traffic
 from .window import Fail, Form, Keep, Window
+
+# Admissions between moves of everything alive into the collector's permanent generation:
+# a fleet-sized window holds thousands of links' objects, and a full collection that walks
+# them all (hundreds of ms at 10,000) would stall the status page and the formation.
+FREEZE_EVERY = 256
 
 
 @dataclass
@@ -141,6 +147,7 @@ class Controller:
             if timer is not None:
                 timer.cancel()
         await self.listener.close()
+        gc.unfreeze()  # what the run left behind is the collector's again
 
     # --- the window's verdicts -----------------------------------------------
 
@@ -173,9 +180,14 @@ class Controller:
 
     def _form(self, decision: Form) -> None:
         # Configured workers take ranks in worker order (the cluster file's promise);
-        # walk-ins follow in admission order.
+        # walk-ins follow in admission order. One pass, no more: this is the formation's
+        # critical path, once per host of a fleet.
         place = {host: i for i, host in enumerate(self.settings.roster)}
-        members = sorted(decision.members, key=lambda m: place.get(m.host, len(place)))
+        members = (
+            sorted(decision.members, key=lambda m: place.get(m.host, len(place)))
+            if place
+            else decision.members
+        )
         if self.settings.parallelism:
             try:
                 check_world(self.settings.parallelism, [m.ranks for m in members])
@@ -183,11 +195,15 @@ class Controller:
                 reason = f"the formed world cannot satisfy the parallelism request: {exc.message}"
                 self._apply(self.window.fail(reason, self.clock()))
                 return
-        ranges = assign_contiguous([(m.host, m.ranks) for m in members])
+        world: dict[str, range] = {}  # host -> its ranks, contiguous in that order
+        size = 0
+        for m in members:
+            world[m.host] = range(size, size + m.ranks)
+            size += m.ranks
         common = wire.SharedMap.of(  # packed once: each host's frame adds its own share
             {
-                "world_size": ranges[-1].stop if ranges else 0,
-                "hosts": len(ranges),
+                "world_size": size,
+                "hosts": len(world),
                 "command": self.settings.command,
                 "env": self.settings.env,
                 "launch": self.settings.launch,
@@ -196,44 +212,39 @@ class Controller:
         # Training starts at the freeze: a host that gets its share early may
         # finish (or die) before the last one is sent, and training judges that.
         self.window.formed(self.clock())
-        for r in ranges:
-            if r.host in self.links:
-                self.links[r.host].ranks = r.ranks
-        self.formed = [(self.links[r.host], r.start) for r in ranges if r.host in self.links]
+        linked = {host: ranks for host, ranks in world.items() if host in self.links}
+        for host, ranks in linked.items():
+            self.links[host].ranks = ranks
+        self.formed = [(self.links[host], ranks.start) for host, ranks in linked.items()]
         self.run_id = self.cohort.run_id
-        self.supervisor = Supervisor(
-            {r.host: r.ranks for r in ranges if r.host in self.links}, self.settings.limits, self.clock()
-        )
-        if ranges:
-            self.traffic = Traffic([r.host for r in ranges], self.links, self.supervisor, self.dropped)
+        self.supervisor = Supervisor(linked, self.settings.limits, self.clock())
+        if world:
+            self.traffic = Traffic(list(world), self.links, self.supervisor, self.dropped)
         self.view.invalidate()  # the final ranks replace the provisional ones
         self._rearm()
-        self.listener.spawn(self._ship(ranges, common))
+        self.listener.spawn(self._ship(world, common))
 
-    async def _ship(self, ranges: list[RankRange], common: wire.SharedMap) -> None:
+    async def _ship(self, world: dict[str, range], common: wire.SharedMap) -> None:
         """Send every host its share of the world, yielding to other work between batches."""
         batch = self.timeouts.ship_batch
         try:
-            for group, r in enumerate(ranges):
+            for group, (host, ranks) in enumerate(world.items()):
                 if self.window.phase == "failed":
                     return  # a host died meanwhile: Abort went out instead
-                link = self.links.get(r.host)
+                link = self.links.get(host)
                 if link is None:
                     continue  # its link closed after the freeze; training already judged it
-                share = {
-                    "host": r.host,
-                    "first_rank": r.start,
-                    "count": r.count,
-                    **self.settings.facts(r.host),
-                }
+                share = {"host": host, "first_rank": ranks.start, "count": len(ranks)}
+                if facts := self.settings.facts(host):
+                    share.update(facts)
                 link.send_shared(wire.Kind.WORLD_FORMED, common, {"host": share, "group": group})
                 if group % batch == batch - 1:
                     await asyncio.sleep(0)  # let status requests through during a fleet-sized fan-out
         except Exception as exc:  # a formation that cannot ship must fail loudly, not hang
             self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
             return
-        world_size = ranges[-1].stop if ranges else 0
-        self.note("formed", f"world formed: {world_size} ranks on {len(ranges)} hosts; training")
+        size = next(reversed(world.values())).stop if world else 0
+        self.note("formed", f"world formed: {size} ranks on {len(world)} hosts; training")
 
     def _fail(self, reason: str) -> None:
         self.note("verdict", f"run failed: {reason}")
@@ -444,6 +455,8 @@ class Controller:
 
     def _register(self, link: Link, first: int) -> None:
         self.links[link.hello.host] = link
+        if len(self.links) % FREEZE_EVERY == 0:
+            gc.freeze()
         self.cohort.add(link.hello)
         self.view.arrived(link, first)
 

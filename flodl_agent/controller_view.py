@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from .history import Timeline
 from .metrics import exposition
-from .ranks import assign_contiguous
 
 if TYPE_CHECKING:
     from .controller import Controller, Link
@@ -103,14 +102,14 @@ class ControllerView:
     def _roster_json(self) -> str:
         if self._moved:
             ctl = self.ctl
-            ranges = assign_contiguous([(m.host, m.ranks) for m in ctl.window.members])
-            roster = {}
-            for r in ranges:
-                link = ctl.links.get(r.host)
+            roster, start = {}, 0
+            for m in ctl.window.members:  # contiguous ranks, in the window's order
+                link = ctl.links.get(m.host)
                 if link is not None:
-                    first = link.ranks.start if link.ranks is not None else r.start
-                    kept = self._roster.get(r.host)
-                    roster[r.host] = kept if kept and kept[0] == first else (first, host_json(link, first))
+                    first = link.ranks.start if link.ranks is not None else start
+                    kept = self._roster.get(m.host)
+                    roster[m.host] = kept if kept and kept[0] == first else (first, host_json(link, first))
+                start += m.ranks
             self._roster, self._moved = roster, False
         if self._roster_text is None:
             self._roster_text = "[" + ",".join(text for _, text in self._roster.values()) + "]"

@@ -38,6 +38,7 @@ import hashlib
 import hmac
 import secrets
 import struct
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
@@ -187,8 +188,14 @@ def _pads(key: bytes) -> tuple[bytes, Any, Any]:
     return key, hashlib.sha256(block.translate(_IPAD)), hashlib.sha256(block.translate(_OPAD))
 
 
+_packers = threading.local()  # one Packer per thread: msgpack.packb makes a fresh one per call
+
+
 def _pack(value: Any) -> bytes:
-    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    packed: bytes = packer.pack(value)
     return packed
 
 
@@ -228,18 +235,23 @@ class Codec:
         self.key = key
         self._pads = _pads(key)  # now, during admission, rather than at the first frame
 
-    def _mac(self, *parts: Blob) -> bytes:
+    def _mac(self, head: Blob, payload: Blob = b"", tail: Blob = b"") -> bytes:
         """HMAC-SHA256 under the current key: its padded key states are hashed once per key (a
         fleet's fan-out tags thousands of small frames, where the key schedule would dominate)."""
-        if self._pads[0] is not self.key:
-            self._pads = _pads(self.key)
-        inner = self._pads[1].copy()
-        for part in parts:
-            inner.update(part)
-        outer = self._pads[2].copy()
+        pads = self._pads if self._pads[0] is self.key else self._repad()
+        inner = pads[1].copy()
+        inner.update(head)
+        inner.update(payload)
+        if tail:
+            inner.update(tail)
+        outer = pads[2].copy()
         outer.update(inner.digest())
         tag: bytes = outer.digest()
         return tag
+
+    def _repad(self) -> tuple[bytes, Any, Any]:
+        self._pads = _pads(self.key)
+        return self._pads
 
     def _tag(self, seq: int, kind: int, payload: Blob, blob: Blob = b"") -> bytes:
         head = TAG_INPUT.pack(seq, kind, len(payload) + len(blob))
@@ -255,8 +267,10 @@ class Codec:
         """A frame whose map is ``shared``'s entries (packed once for every peer) and ``own``'s."""
         if kind in BLOB_KINDS:
             raise ValueError(f"{kind.name} frames are encoded with encode_parts")
-        mine = _pack(dict(own))[len(_map_header(len(own))) :]  # own's entries, packed in one call
-        payload = b"".join((_map_header(shared.count + len(own)), shared.packed, mine))
+        # own's entries packed in one call (its map's header cut off), behind the shared ones
+        payload = (
+            _map_header(shared.count + len(own)) + shared.packed + _pack(own)[len(_map_header(len(own))) :]
+        )
         if len(payload) > self.max_payload:
             raise ValueError(f"frame of {len(payload)} bytes exceeds the {self.max_payload}-byte cap")
         tag = self._tag(self.sent, kind, payload)
@@ -265,7 +279,7 @@ class Codec:
 
     def encode_parts(self, kind: Kind, body: Mapping[str, Any] | None = None, blob: Blob = b"") -> list[Blob]:
         """The frame as buffers to write in order: header and map, then the raw bytes (bulk kinds)."""
-        payload: bytes = msgpack.packb(dict(body or {}), use_bin_type=True)
+        payload = _pack(dict(body or {}))
         if kind in BLOB_KINDS:
             if kind in self._received_kinds:
                 raise ValueError(f"{kind.name} already flows the other way on this connection")
