@@ -1,13 +1,27 @@
-"""The CPU plane's averaging bandwidth against gloo's all_reduce, same tensors, same run.
+"""The CPU plane's averaging rounds against gloo's all_reduce, same tensors, same run.
 
-For 2 and 4 ranks (one host each: an agent process per host, every push
-crossing its control link) and models of 1, 64 and 512 MB of float32:
-seconds per averaging round through the controller (float32 and bf16_wire),
-and per `all_reduce` with gloo on loopback; effective bandwidth = model bytes
-/ seconds per round. The machine's memory-copy bandwidth is printed beside
-them. `--quick`: 2 ranks, 1 and 64 MB.
+Seconds per averaging round through the controller (float32 and bf16_wire: one
+host per rank, each host's agent a process of its own, every round crossing its
+control link) and per gloo ``all_reduce``; effective bandwidth = model bytes /
+seconds per round. Two networks:
 
-The last line is one JSON object; `ratio` is the hub over gloo at 64 MB, 2 ranks.
+- **loopback**: everything on this box (memory-bound: the links are never the
+  limit), 2 and 4 ranks, 1, 64 and 512 MB of float32; the machine's memory-copy
+  bandwidth is printed beside.
+- **shaped** (root, iproute2): a network namespace per host joined through a
+  switch namespace, each worker's link shaped to 1 Gbit/s each way and the
+  controller's to 10 Gbit/s (``bench.netns``); the controller, the agents and
+  their ranks, and gloo's ranks run in their hosts' namespaces, over the same
+  links. 2 and 4 ranks, 64 MB. Without root it is skipped, and says why.
+
+``--quick``: 64 MB only, loopback at 2 and 4 ranks, shaped at 2. ``--smoke``: the
+shaped network with a 1 MB model, one round, float32 and gloo (the test suite's
+check that it builds, measures and leaves nothing behind).
+
+The last line is one JSON object: ``ratio`` (loopback, 2 ranks, 64 MB: gloo's
+seconds per round over the float32 hub's, higher is better), ``ratio_bf16``,
+``ratio_4`` (the same at 4 ranks), ``shaped_ratio`` and ``shaped_ratio_bf16``
+(2 ranks, 64 MB, shaped).
 """
 
 from __future__ import annotations
@@ -15,17 +29,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from bench.walkins import free_port, run_world
+from bench import netns
+from bench.walkins import AGENT, free_port, run_world
 
 ROUNDS = 5
+CONTROLLER_PORT = 29500  # a fresh namespace: nothing else listens there
+GLOO_PORT = 29501
+RUN_TIMEOUT = 600.0
 
 HUB_RANK = """
 import json, os, sys, time
@@ -63,36 +83,93 @@ dist.destroy_process_group()
 """
 
 
-def hub(ranks: int, numel: int, bf16: bool) -> float:
-    """Seconds per round through the controller (the slowest rank's); each host's agent
-    runs in a process of its own, as on a real fleet."""
-    out = tempfile.mkdtemp()
-    command = [sys.executable, "-c", HUB_RANK, str(numel), str(ROUNDS), "1" if bf16 else "0", out]
-    run_world(command, [(f"h{i}", 1) for i in range(ranks)])
+def slowest(out: str) -> float:
+    """The slowest rank's seconds per round (a round ends when every rank has it)."""
     return max(json.loads(p.read_text()) for p in Path(out).iterdir())
 
 
-def gloo(ranks: int, numel: int) -> float:
+def finish(procs: list[subprocess.Popen[bytes]], what: str, timeout: float = RUN_TIMEOUT) -> None:
+    """Wait for every process; none outlives this call (a namespace goes only when its processes do)."""
+    deadline = time.monotonic() + timeout
+    try:
+        codes = [p.wait(max(0.1, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if codes is None or any(codes):
+        sys.exit(f"{what} failed: exit codes {codes or 'timed out'}")
+
+
+def hub_command(numel: int, bf16: bool, out: str, rounds: int) -> list[str]:
+    return [sys.executable, "-c", HUB_RANK, str(numel), str(rounds), "1" if bf16 else "0", out]
+
+
+def hub(ranks: int, numel: int, bf16: bool, rounds: int = ROUNDS) -> float:
+    """Seconds per round through the controller on loopback; each host's agent runs in a process
+    of its own, as on a real fleet."""
+    out = tempfile.mkdtemp()
+    run_world(hub_command(numel, bf16, out, rounds), [(f"h{i}", 1) for i in range(ranks)])
+    return slowest(out)
+
+
+def gloo_env(rank: int, ranks: int, addr: str, port: int, ifname: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(ranks),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+        "GLOO_SOCKET_IFNAME": ifname,
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def gloo(ranks: int, numel: int, rounds: int = ROUNDS) -> float:
     out = tempfile.mkdtemp()
     port = free_port()
+    command = [sys.executable, "-c", GLOO_RANK, str(numel), str(rounds), out]
+    finish(
+        [subprocess.Popen(command, env=gloo_env(r, ranks, "127.0.0.1", port, "lo")) for r in range(ranks)],
+        "gloo",
+    )
+    return slowest(out)
+
+
+def hub_shaped(t: netns.Topology, ranks: int, numel: int, bf16: bool, rounds: int = ROUNDS) -> float:
+    """Seconds per round through a controller in its namespace, each host's agent (and its rank)
+    in a worker's, every round over the shaped links."""
+    out = tempfile.mkdtemp()
+    env = {**os.environ, "FDL_TOKEN": secrets.token_hex(16)}  # a non-loopback window takes a token
+    serve = [sys.executable, "-m", "bench.walkins", "serve", t.controller.address, str(CONTROLLER_PORT)]
+    serve += [str(ranks), "--", *hub_command(numel, bf16, out, rounds)]
+    ctl = subprocess.Popen(netns.in_ns(t.controller.ns, serve), env=env, stdout=subprocess.PIPE)
+    procs = [ctl]
+    try:
+        assert ctl.stdout is not None
+        if ctl.stdout.readline().strip() != b"listening":
+            raise RuntimeError("the shaped network's controller did not open its window")
+        for w in t.workers[:ranks]:
+            agent = [sys.executable, "-c", AGENT, str(CONTROLLER_PORT), w.name, "1", t.controller.address]
+            procs.append(subprocess.Popen(netns.in_ns(w.ns, agent), env=env))
+    finally:
+        finish(procs, "the shaped hub run")
+    return slowest(out)
+
+
+def gloo_shaped(t: netns.Topology, ranks: int, numel: int, rounds: int = ROUNDS) -> float:
+    out = tempfile.mkdtemp()
+    command = [sys.executable, "-c", GLOO_RANK, str(numel), str(rounds), out]
+    master = t.workers[0].address
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", GLOO_RANK, str(numel), str(ROUNDS), out],
-            env={
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": str(ranks),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "GLOO_SOCKET_IFNAME": "lo",
-                "OMP_NUM_THREADS": "1",
-            },
-        )
-        for r in range(ranks)
+        subprocess.Popen(netns.in_ns(w.ns, command), env=gloo_env(r, ranks, master, GLOO_PORT, "eth0"))
+        for r, w in enumerate(t.workers[:ranks])
     ]
-    if any(p.wait() != 0 for p in procs):
-        sys.exit("gloo run failed")
-    return max(json.loads(p.read_text()) for p in Path(out).iterdir())
+    finish(procs, "the shaped gloo run")
+    return slowest(out)
 
 
 def memcpy_gbps(nbytes: int = 256 * 1024 * 1024) -> float:
@@ -105,39 +182,89 @@ def memcpy_gbps(nbytes: int = 256 * 1024 * 1024) -> float:
     return nbytes * 3 / (time.perf_counter() - start) / 1e9
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    sizes_mb = [1, 64] if args.quick else [1, 64, 512]
-    world_sizes = [2] if args.quick else [2, 4]
-    rows = []
-    for ranks in world_sizes:
-        for mb in sizes_mb:
-            numel = mb * 1024 * 1024 // 4
-            nbytes = numel * 4
-            row = {"ranks": ranks, "model_mb": mb}
-            for name, seconds in (
-                ("hub", hub(ranks, numel, False)),
-                ("hub_bf16", hub(ranks, numel, True)),
-                ("gloo", gloo(ranks, numel)),
-            ):
-                row[f"{name}_s"] = round(seconds, 4)
-                row[f"{name}_gbps"] = round(nbytes / seconds / 1e9, 3)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    goal = next(r for r in rows if r["ranks"] == 2 and r["model_mb"] == 64)
-    print(
-        json.dumps(
-            {
-                "rows": rows,
-                "memcpy_gbps": round(memcpy_gbps(), 2),
-                "baseline": "gloo all_reduce, loopback, same tensors",
-                "ratio": round(goal["hub_gbps"] / goal["gloo_gbps"], 3),
-                "ratio_bf16": round(goal["hub_bf16_gbps"] / goal["gloo_gbps"], 3),
-            }
+def row(net: str, ranks: int, mb: int, seconds: dict[str, float]) -> dict[str, Any]:
+    """One case's figures: seconds per round and effective bandwidth of each contender."""
+    nbytes = mb * 1024 * 1024
+    out: dict[str, Any] = {"net": net, "ranks": ranks, "model_mb": mb}
+    for name, s in seconds.items():
+        out[f"{name}_s"] = round(s, 4)
+        out[f"{name}_gbps"] = round(nbytes / s / 1e9, 3)
+    return out
+
+
+def ratio(rows: list[dict[str, Any]], net: str, ranks: int, hub: str = "hub") -> float | None:
+    """gloo's seconds over the hub's for the 64 MB case (higher is better); None if not run."""
+    for r in rows:
+        if (r["net"], r["ranks"], r["model_mb"]) == (net, ranks, 64) and f"{hub}_s" in r:
+            return round(r["gloo_s"] / r[f"{hub}_s"], 3)
+    return None
+
+
+def summary(rows: list[dict[str, Any]], memcpy: float, shaped_skipped: str | None) -> dict[str, Any]:
+    return {
+        "bench": "averaging",
+        "rows": rows,
+        "memcpy_gbps": round(memcpy, 2),
+        "baseline": "gloo all_reduce, same tensors, same network, same run",
+        "ratio": ratio(rows, "loopback", 2),
+        "ratio_bf16": ratio(rows, "loopback", 2, "hub_bf16"),
+        "ratio_4": ratio(rows, "loopback", 4),
+        "shaped_ratio": ratio(rows, "shaped", 2),
+        "shaped_ratio_bf16": ratio(rows, "shaped", 2, "hub_bf16"),
+        "shaped_skipped": shaped_skipped,
+    }
+
+
+def case(
+    net: str, ranks: int, mb: int, t: netns.Topology | None = None, rounds: int = ROUNDS, bf16: bool = True
+) -> dict[str, Any]:
+    numel = mb * 1024 * 1024 // 4
+    seconds: dict[str, float] = {}
+    for wire in (False, True) if bf16 else (False,):
+        name = "hub_bf16" if wire else "hub"
+        seconds[name] = (
+            hub(ranks, numel, wire, rounds) if t is None else hub_shaped(t, ranks, numel, wire, rounds)
         )
+    seconds["gloo"] = gloo(ranks, numel, rounds) if t is None else gloo_shaped(t, ranks, numel, rounds)
+    result = row(net, ranks, mb, seconds)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="64 MB only: loopback at 2 and 4 ranks, shaped at 2"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="the shaped network only: 1 MB, one round, no bf16"
+    )
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    if args.smoke:
+        loopback: list[tuple[int, int]] = []
+        shaped, mb, rounds = [2], 1, 1
+    elif args.quick:
+        loopback, shaped, mb, rounds = [(2, 64), (4, 64)], [2], 64, ROUNDS
+    else:
+        loopback = [(ranks, size) for ranks in (2, 4) for size in (1, 64, 512)]
+        shaped, mb, rounds = [2, 4], 64, ROUNDS
+    for ranks, size in loopback:
+        rows.append(case("loopback", ranks, size))
+    skipped = netns.available()
+    made: list[str] = []
+    if skipped is None:
+        with netns.shaped(max(shaped)) as t:
+            made = [ns for ns in netns.namespaces() if ns.startswith(t.prefix)]
+            for ranks in shaped:
+                rows.append(case("shaped", ranks, mb, t, rounds, bf16=not args.smoke))
+    else:
+        print(f"shaped network skipped: it {skipped}", flush=True)
+    result = summary(rows, memcpy_gbps(), skipped)
+    result["shaped_namespaces"] = made  # what was built (and, by now, removed)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -145,6 +145,11 @@ class Walkins:
         self.errors.append(reason)
         self.failed.set()
 
+    def arrived(self) -> None:
+        self.formed.append(time.perf_counter())
+        if len(self.formed) == self.n:
+            self.all_formed.set()
+
 
 def check_world(world: WorldFormed, host: str, first: int, n: int) -> None:
     """The world names this host at the rank its Accept promised."""
@@ -182,10 +187,21 @@ async def walk_in(i: int, port: int, dials: asyncio.Semaphore, side: Walkins, ru
             writer.close()
             raise
     try:
+        # Stamped on arrival, as the transport reads the socket, before this agent's task runs
+        # and decodes: on a fleet each agent does that on its own box, in parallel; here N
+        # agents share one core, and that work is the harness's.
+        if client.codec.buffered:  # the last joiner's Accept and WorldFormed came together
+            side.arrived()
+        else:
+            feed = reader.feed_data
+
+            def arrival(data: bytes) -> None:
+                reader.feed_data = feed  # type: ignore[method-assign]
+                side.arrived()
+                feed(data)
+
+            reader.feed_data = arrival  # type: ignore[method-assign]
         formed = await next_event(reader, client)
-        side.formed.append(time.perf_counter())
-        if len(side.formed) == side.n:
-            side.all_formed.set()
         await side.released.wait()
         if side.aborted:
             return
@@ -215,6 +231,7 @@ async def guarded(i: int, port: int, dials: asyncio.Semaphore, side: Walkins, ru
 
 async def agents_main(n: int, port: int, dial_concurrency: int) -> None:
     """Stdout: `formed` or `failed: ...`, then (after `release`/`abort` on stdin) one JSON line."""
+    gc.disable()  # the harness's own pauses would read as the controller's delivery
     loop = asyncio.get_running_loop()
     commands = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
@@ -254,6 +271,7 @@ class Watch:
     n: int
     reached: float | None = None  # the window's N-th join (the N-th Accept is written next)
     fanout_end: float | None = None  # every WorldFormed written
+    cpu: list[float] = field(default_factory=list)  # the controller process's CPU seconds at both
     ticks: list[float] = field(default_factory=list)  # the 20 ms poller's checks
     noticed: float | None = None  # when the 20 ms poller saw the target
     status_s: list[float] = field(default_factory=list)
@@ -277,11 +295,13 @@ def instrument(ctl: Controller, watch: Watch) -> None:
         joined[0] += ranks
         if watch.reached is None and joined[0] >= watch.n:
             watch.reached = time.perf_counter()
+            watch.cpu.append(time.process_time())
         return decision
 
     def timed_log(line: str) -> None:
         if line.startswith("world formed"):  # logged once every share has been written
             watch.fanout_end = time.perf_counter()
+            watch.cpu.append(time.process_time())
         log(line)
 
     window.join = timed_join  # type: ignore[method-assign]
@@ -461,6 +481,8 @@ def summarize(
         "poll_detect_ms": ms(detect),
         "admit_last_ms": ms(admit_last),
         "fanout_ms": ms(fanout),
+        # What the fan-out cost the controller's process, whatever else shares the machine.
+        "fanout_cpu_ms": ms(watch.cpu[1] - watch.cpu[0]) if len(watch.cpu) == 2 else None,
         "deliver_ms": ms(deliver),
         "accepted": report.get("accepted"),
         "status_samples": len(watch.status_s),
@@ -481,7 +503,8 @@ def describe(r: dict[str, Any]) -> str:
     lines = [
         f"n={r['n']}: admissions {na(r['admissions_per_s'])}/s; "
         f"formed {ms(r['formation_ms'])} after the last hello (admit {ms(r.get('admit_last_ms'))}, "
-        f"fan-out {ms(r.get('fanout_ms'))}, delivery {ms(r.get('deliver_ms'))}); "
+        f"fan-out {ms(r.get('fanout_ms'))} (CPU {ms(r.get('fanout_cpu_ms'))}), "
+        f"delivery {ms(r.get('deliver_ms'))}); "
         f"20 ms poller: {ms(r['poll_detect_ms'])} to notice + the same = "
         f"{ms(r['baseline_poll_formation_ms'])} (ratio {na(r['ratio'])})",
         f"  /state.json p99 {ms(r['status_p99_ms'])}, max {ms(r['status_max_ms'])} "

@@ -18,7 +18,9 @@ from collections.abc import Callable
 
 # Out of a resource that connections closing give back: pause accepting, don't spin.
 STARVED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-ACCEPT_BATCH = 128  # connections accepted per wake-up before other work gets a turn
+# Connections accepted per wake-up before other work gets a turn: small, so a storm of walk-ins
+# cannot queue a status request behind thousands of connects (the kernel's queue is SOMAXCONN).
+ACCEPT_BATCH = 64
 PAUSE = 1.0  # seconds between tries while out of descriptors (asyncio waits as long)
 FD_CEILING = 1 << 20  # how far the soft limit is raised at most, whatever the hard one says
 

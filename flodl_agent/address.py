@@ -10,12 +10,14 @@ addresses with it, so it must stay importable without any IO module.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 
 from .names import HOST_NAME_MAX, shown
 
 
+@functools.lru_cache(maxsize=4096)  # asked of every connection's peer: a storm parses the same few
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.split("%")[0].strip("[]")).is_loopback

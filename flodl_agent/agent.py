@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,7 +30,7 @@ from .config.devices import DeviceOffer
 from .config.models import Source, Ssh
 from .containers import ComposeRanks, check_service
 from .errors import CLEAN, PERMANENT, TRANSIENT
-from .join_protocol import Aborted, Accepted, Closed, Formed, JoinClient, JoinError, Message, Refused
+from .join_protocol import Aborted, Accepted, Closed, Event, Formed, JoinClient, JoinError, Message, Refused
 from .messages import Averaged, BadMessage, HostEnvelope, Stream, WorldFormed, shown, shown_command
 from .net import keepalive
 from .offer import Offer
@@ -41,7 +41,7 @@ from .rank_io import CANNOT_EXECUTE, HEARTBEAT_EVERY, hang_up, heartbeat, output
 from .ranks import rank_span
 from .rendezvous import StreamRelay, serve_store, warm_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
-from .streams import DIAL_TIMEOUT, dial, next_event, write_parts
+from .streams import DIAL_TIMEOUT, LinkEnded, LinkStream, dial, next_event, take_over, write_parts
 from .supervision import ranks_failed
 from .tunnel import Tunnel
 
@@ -236,11 +236,14 @@ class Attempt:
         )
         relay, store, store_port = await self._rendezvous(world, writer, client)
 
-        def push(body: dict[str, Any], blob: wire.Blob) -> None:
-            write_parts(writer, client.send(wire.Kind.AVERAGE, body, blob))
+        def push(pieces: Iterable[tuple[dict[str, Any], wire.Blob]]) -> None:
+            link.stream((wire.Kind.AVERAGE, body, blob) for body, blob in pieces)
 
         averager = AverageRelay(list(range(mine.first_rank, mine.first_rank + mine.count)), push)
         plane = averager.env(await averager.listen())
+        # From here the link is its own protocol: the average's pieces land in shared memory.
+        client.codec.sink = averager.destination
+        link = take_over(reader, writer, client, _link_events(relay, averager))
         # Progress reports live beside the plane's segments: the run's private directory.
         reports = {
             r: averager.directory / f"metrics-{r}.json"
@@ -259,7 +262,7 @@ class Attempt:
             asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, client, averager))
             for local, proc in enumerate(self.children)
         ]
-        abort = asyncio.ensure_future(self._watch_link(reader, client, relay, averager))
+        abort = asyncio.ensure_future(_watch_link(link))
         beat = asyncio.ensure_future(heartbeat(writer, client, reports, self.options.heartbeat_every))
         try:
             pending: set[asyncio.Future[Any]] = {abort, *ranks}
@@ -278,6 +281,7 @@ class Attempt:
                 await asyncio.wait({abort, drained}, return_when=asyncio.FIRST_COMPLETED)
                 drained.cancel()
         finally:
+            link.on_event = None  # whatever still comes is read and dropped: the run is over here
             abort.cancel()
             beat.cancel()  # its last beat carries the ranks' final reports: before the half-close
             await asyncio.gather(beat, return_exceptions=True)
@@ -286,6 +290,7 @@ class Attempt:
             await relay.close()
             await averager.close()
             del store
+        await link.drain()  # the last pieces it queued go before the half-close
         await hang_up(reader, writer)
         if any(c != 0 for c in codes):
             self.log(ranks_failed(self.options.host, dict(enumerate(codes, mine.first_rank))))
@@ -364,25 +369,6 @@ class Attempt:
             return relay, None, await relay.listen()
         return StreamRelay(send, store_port=port), store, port
 
-    async def _watch_link(
-        self, reader: asyncio.StreamReader, client: JoinClient, relay: StreamRelay, averager: AverageRelay
-    ) -> str:
-        while True:
-            try:
-                event = await next_event(reader, client)
-            except (ConnectionError, BadMessage):
-                return "the controller went away mid-run"
-            except wire.Dropped as exc:
-                return f"the controller link broke ({exc})"
-            if isinstance(event, Closed):
-                return "the controller went away mid-run"
-            if isinstance(event, Aborted):
-                return f"the controller aborted the run: {event.reason}"
-            if isinstance(event, Message) and isinstance(event.message, Stream):
-                relay.feed(event.message.id, event.message.data, event.message.end)
-            elif isinstance(event, Message) and isinstance(event.message, Averaged):
-                averager.deliver(event.message.model_dump(), event.blob)
-
     async def _kill_children(self) -> None:
         if self.compose is not None:
             await self.compose.stop(KILL_GRACE)  # its clients die with their containers
@@ -397,6 +383,28 @@ class Attempt:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
+
+
+def _link_events(relay: StreamRelay, averager: AverageRelay) -> Callable[[Event], None]:
+    """What the link brings while the ranks train: store bytes, averages, the controller's abort."""
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, Aborted):
+            raise LinkEnded(f"the controller aborted the run: {event.reason}")
+        if isinstance(event, Message) and isinstance(event.message, Stream):
+            relay.feed(event.message.id, event.message.data, event.message.end)
+        elif isinstance(event, Message) and isinstance(event.message, Averaged):
+            averager.deliver(event.message.model_dump(), event.blob)
+
+    return on_event
+
+
+async def _watch_link(link: LinkStream) -> str:
+    """Why the link ended under a training host (its task is cancelled when the ranks end first)."""
+    ended = await link.ended()
+    if isinstance(ended, LinkEnded | wire.Dropped):
+        return ended.reason if isinstance(ended, LinkEnded) else f"the controller link broke ({ended})"
+    return "the controller went away mid-run"
 
 
 async def join_once(

@@ -3,10 +3,12 @@
 A rank writes its parameters, already multiplied by its weight (its realized
 steps), as raw float32 into its own shared-memory segment and tells its agent
 so on loopback (a small authenticated frame). The agent's relay folds its
-host's ranks into one frame per round — straight from the segments, no copy
-for a host with one rank — and sends it up its control link; the controller's
-hub (:mod:`flodl_agent.hub`) divides once by the accepted weight, and the
-average comes back into one shared segment that every local rank copies from.
+host's ranks piece by piece (``hub.plan``) — straight from the segments, no copy
+for a host with one rank — and streams the pieces up its control link, each
+folded as the one before leaves; the controller's hub (:mod:`flodl_agent.hub`)
+divides once by the accepted weight and streams the average back, which lands
+(float32: received straight into it) in one shared segment that every local
+rank copies from once the last piece is in.
 Ranks with weight 0 (no step taken) are excluded from the average and still
 receive it. Nothing is pickled; parameters never cross loopback as bytes.
 
@@ -25,7 +27,7 @@ import shutil
 import socket
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from . import wire
-from .hub import decode, encode
+from .hub import CHUNK, decode, encode, plan
 from .messages import Average, BadMessage
 from .messages import parse as parse_message
 from .streams import next_frame
@@ -190,14 +192,16 @@ class _Pending:
     bf16: bool = False  # a rank asked for the bfloat16 wire
 
 
-Send = Callable[[dict[str, Any], wire.Blob], None]
+Piece = tuple[dict[str, Any], wire.Blob]
+Send = Callable[[Iterable[Piece]], None]
 
 
 class AverageRelay:
-    """The agent's end: ranks on loopback, one folded frame per round up the link.
+    """The agent's end: ranks on loopback, one folded round at a time up the link.
 
-    ``send`` puts a body and its raw bytes on the control link (an ``AVERAGE``
-    frame). A round is folded once every local rank still running has pushed it.
+    ``send`` takes a round's pieces (bodies and raw bytes of ``AVERAGE`` frames), made
+    one at a time as the link asks for them. A round is folded once every local rank
+    still running has pushed it.
     """
 
     def __init__(self, ranks: list[int], send: Send) -> None:
@@ -211,7 +215,9 @@ class AverageRelay:
         self._rounds: dict[int, _Pending] = {}
         self._segments = {rank: _Mapped(segment_path(self.directory, rank), writable=False) for rank in ranks}
         self._average = _Mapped(self.directory / AVERAGE_FILE, writable=True)
-        self._sum = np.empty(0, np.float32)
+        self._sum = np.empty(0, np.float32)  # one piece of a several-rank host's fold
+        self._landed: memoryview | None = None  # the average's piece a frame was received straight into
+        self._weight: float | None = None  # the round coming back: the least weight of its pieces
         self._writers: dict[int, tuple[asyncio.StreamWriter, wire.Codec]] = {}
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
@@ -266,19 +272,20 @@ class AverageRelay:
             if not self._alive <= pending.pushes.keys():
                 return  # rounds are folded in order
             del self._rounds[round_no]
-            body, blob = self._fold(round_no, pending)
-            self._send(body, blob)
+            self._send(self._fold(round_no, pending))
 
-    def _fold(self, round_no: int, pending: _Pending) -> tuple[dict[str, Any], wire.Blob]:
+    def _fold(self, round_no: int, pending: _Pending) -> Iterable[Piece]:
         sizes = {rank: size for rank, (_, size) in pending.pushes.items()}
         if len(set(sizes.values())) > 1:
             ordered = sorted(sizes.items(), key=lambda kv: kv[1])
             (a, na), (b, nb) = ordered[0], ordered[-1]
             error = f"parameter count mismatch: rank {a} averages {na // 4} parameters, rank {b} {nb // 4}"
-            return {"round": round_no, "error": error}, b""
+            return [({"round": round_no, "error": error}, b"")]
         size = next(iter(sizes.values()), 0)
         if size % 4:
-            return {"round": round_no, "error": f"a rank pushed {size} bytes: not float32 parameters"}, b""
+            return [
+                ({"round": round_no, "error": f"a rank pushed {size} bytes: not float32 parameters"}, b"")
+            ]
         parts = []
         weight = 0.0
         try:
@@ -287,26 +294,62 @@ class AverageRelay:
                     parts.append(self._segments[rank].view(size))
                     weight += w
         except (OSError, ValueError) as exc:
-            return {"round": round_no, "error": f"a rank's segment cannot be read: {exc}"}, b""
+            return [({"round": round_no, "error": f"a rank's segment cannot be read: {exc}"}, b"")]
+        head = {"round": round_no, "weight": weight, "bf16": pending.bf16, "params": size // 4}
         if not parts:
-            folded = np.zeros(size // 4, np.float32)
-        elif len(parts) == 1:
-            folded = parts[0]  # one rank stepped: its segment is the host's sum
-        else:
-            if len(self._sum) != size // 4:
-                self._sum = np.empty(size // 4, np.float32)
-            folded = np.add(parts[0], parts[1], out=self._sum)
-            for part in parts[2:]:
-                np.add(folded, part, out=folded)
-        body = {"round": round_no, "weight": weight, "bf16": pending.bf16}
-        return body, encode(folded, pending.bf16)
+            return [({**head, "offset": 0}, b"")]  # nobody here stepped: nothing to add, one empty piece
+        return self._pieces(head, parts, size // 4)
+
+    def _pieces(self, head: dict[str, Any], parts: list[np.ndarray], params: int) -> Iterator[Piece]:
+        """The host's sum, a piece at a time: each is made once the one before has left, so one
+        piece of scratch serves (a host with one rank sends its segment's own bytes)."""
+        bf16 = bool(head["bf16"])
+        if len(parts) > 1 and len(self._sum) < min(CHUNK, params):
+            self._sum = np.empty(min(CHUNK, params), np.float32)
+        for first, stop in plan(params) or [(0, 0)]:
+            folded = parts[0][first:stop]
+            if len(parts) > 1:
+                folded = np.add(folded, parts[1][first:stop], out=self._sum[: stop - first])
+                for part in parts[2:]:
+                    np.add(folded, part[first:stop], out=folded)
+            yield {**head, "offset": first}, encode(folded, bf16)
+
+    def destination(self, kind: wire.Kind, body: dict[str, Any], nbytes: int) -> memoryview | None:
+        """A float32 piece of the average is received straight into the shared average (the codec's
+        sink: ``body`` is not verified yet, and nothing reads the average until the round is in)."""
+        params, offset = body.get("params"), body.get("offset")
+        self._landed = None
+        if kind is not wire.Kind.AVERAGED or body.get("bf16") or nbytes % 4:
+            return None
+        if not (isinstance(params, int) and isinstance(offset, int) and 0 <= offset <= params - nbytes // 4):
+            return None
+        if params > DATA_MAX // 4:
+            return None
+        try:
+            average = self._average.view(4 * params)
+        except OSError:
+            return None
+        self._landed = average[offset : offset + nbytes // 4].data.cast("B")
+        return self._landed
 
     def deliver(self, body: dict[str, Any], blob: wire.Blob) -> None:
-        """The controller's average for a round: into the shared average, then word to every local rank."""
+        """A piece of the controller's average: into the shared average; once the round is whole
+        (or refused), word to every local rank."""
+        if not body.get("error"):
+            bf16 = bool(body.get("bf16"))
+            count = len(blob) // (2 if bf16 else 4)
+            params = int(body.get("params") or count)
+            weight = float(body.get("weight", 0.0))
+            self._weight = weight if self._weight is None else min(self._weight, weight)
+            if count and blob is not self._landed:
+                offset = int(body.get("offset", 0))
+                np.copyto(self._average.view(4 * params)[offset : offset + count], decode(blob, bf16))
+            self._landed = None
+            if not body.get("last", True):
+                return
+            body = {**body, "weight": self._weight}
+        self._weight = None
         reply: dict[str, Any] = {k: body[k] for k in ("round", "weight", "error", "saver") if k in body}
-        if len(blob):
-            values = decode(blob, bool(body.get("bf16")))
-            np.copyto(self._average.view(4 * len(values)), values)
         for writer, codec in list(self._writers.values()):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.write(codec.encode(wire.Kind.AVERAGED, reply))

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -29,36 +28,27 @@ from . import wire
 from .address import is_loopback
 from .admission import NO_KEY_WORDS, WRONG_KEY_WORDS, Cohort, Refusal, Roster, check
 from .controller_settings import Settings
-from .controller_view import ControllerView, host_json
+from .controller_view import ControllerView
+from .host_link import Link
 from .hub import Hub
-from .join_protocol import Closed, HelloReceived, JoinServer, KeyRefused, Message, WrongKey
+from .join_protocol import Closed, Event, HelloReceived, JoinServer, KeyRefused, Message, WrongKey
 from .listener import Listener, Timeouts
 from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
 from .names import safe_lines
 from .placement.fleet import PlacementError
 from .placement.parallel import check_world
-from .ranks import RankRange, assign_contiguous, rank_span
+from .ranks import rank_span
 from .rendezvous import StreamRouter
-from .streams import next_event, write_parts
+from .streams import next_event, take_over
 from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
 from .traffic import RoundFailed, Traffic
 from .window import Fail, Form, Keep, Window
 
-
-@dataclass
-class Link:
-    """One admitted host: its hello, its stream and its side of the join protocol."""
-
-    hello: Hello
-    writer: asyncio.StreamWriter
-    conn: JoinServer
-    joined_at: float
-    peer: str
-    ranks: range | None = None  # its share of the formed world
-
-    def send(self, kind: wire.Kind, body: dict[str, Any], blob: wire.Blob = b"") -> None:
-        write_parts(self.writer, self.conn.send(kind, body, blob))
+# Admissions between moves of everything alive into the collector's permanent generation:
+# a fleet-sized window holds thousands of links' objects, and a full collection that walks
+# them all (hundreds of ms at 10,000) would stall the status page and the formation.
+FREEZE_EVERY = 256
 
 
 class Controller:
@@ -101,7 +91,7 @@ class Controller:
         self.finished = asyncio.Event()
         self.exit_code = 1
         self.reason = ""
-        self.formed: list[dict[str, Any]] = []  # the world as formed: the run's report outlives the links
+        self.formed: list[tuple[Link, int]] = []  # the world as formed (host, first rank): for the report
         self.run_id = ""  # the published run the formed world holds ("" when none)
         self.supervisor: Supervisor | None = None  # the formed world's exits, failures and deadlines
         self.traffic: Traffic | None = None  # rendezvous streams and averaging rounds, once formed
@@ -142,6 +132,7 @@ class Controller:
             if timer is not None:
                 timer.cancel()
         await self.listener.close()
+        gc.unfreeze()  # what the run left behind is the collector's again
 
     # --- the window's verdicts -----------------------------------------------
 
@@ -174,9 +165,14 @@ class Controller:
 
     def _form(self, decision: Form) -> None:
         # Configured workers take ranks in worker order (the cluster file's promise);
-        # walk-ins follow in admission order.
+        # walk-ins follow in admission order. One pass, no more: this is the formation's
+        # critical path, once per host of a fleet.
         place = {host: i for i, host in enumerate(self.settings.roster)}
-        members = sorted(decision.members, key=lambda m: place.get(m.host, len(place)))
+        members = (
+            sorted(decision.members, key=lambda m: place.get(m.host, len(place)))
+            if place
+            else decision.members
+        )
         if self.settings.parallelism:
             try:
                 check_world(self.settings.parallelism, [m.ranks for m in members])
@@ -184,56 +180,56 @@ class Controller:
                 reason = f"the formed world cannot satisfy the parallelism request: {exc.message}"
                 self._apply(self.window.fail(reason, self.clock()))
                 return
-        ranges = assign_contiguous([(m.host, m.ranks) for m in members])
-        common = {
-            "world_size": ranges[-1].stop if ranges else 0,
-            "hosts": len(ranges),
-            "command": self.settings.command,
-            "env": self.settings.env,
-            "launch": self.settings.launch,
-        }
+        world: dict[str, range] = {}  # host -> its ranks, contiguous in that order
+        size = 0
+        for m in members:
+            world[m.host] = range(size, size + m.ranks)
+            size += m.ranks
+        common = wire.SharedMap.of(  # packed once: each host's frame adds its own share
+            {
+                "world_size": size,
+                "hosts": len(world),
+                "command": self.settings.command,
+                "env": self.settings.env,
+                "launch": self.settings.launch,
+            }
+        )
         # Training starts at the freeze: a host that gets its share early may
         # finish (or die) before the last one is sent, and training judges that.
         self.window.formed(self.clock())
-        for r in ranges:
-            if r.host in self.links:
-                self.links[r.host].ranks = r.ranks
-        self.formed = [
-            json.loads(host_json(self.links[r.host], r.start)) for r in ranges if r.host in self.links
-        ]
+        linked = {host: ranks for host, ranks in world.items() if host in self.links}
+        for host, ranks in linked.items():
+            self.links[host].ranks = ranks
+        self.formed = [(self.links[host], ranks.start) for host, ranks in linked.items()]
         self.run_id = self.cohort.run_id
-        self.supervisor = Supervisor(
-            {r.host: r.ranks for r in ranges if r.host in self.links}, self.settings.limits, self.clock()
-        )
-        if ranges:
-            self.traffic = Traffic([r.host for r in ranges], self.links, self.supervisor, self.dropped)
+        self.supervisor = Supervisor(linked, self.settings.limits, self.clock())
+        if world:
+            self.traffic = Traffic(list(world), self.links, self.supervisor, self.dropped)
         self.view.invalidate()  # the final ranks replace the provisional ones
         self._rearm()
-        self.listener.spawn(self._ship(ranges, common))
+        self.listener.spawn(self._ship(world, common))
 
-    async def _ship(self, ranges: list[RankRange], common: dict[str, Any]) -> None:
+    async def _ship(self, world: dict[str, range], common: wire.SharedMap) -> None:
         """Send every host its share of the world, yielding to other work between batches."""
         batch = self.timeouts.ship_batch
         try:
-            for group, r in enumerate(ranges):
+            for group, (host, ranks) in enumerate(world.items()):
                 if self.window.phase == "failed":
                     return  # a host died meanwhile: Abort went out instead
-                link = self.links.get(r.host)
+                link = self.links.get(host)
                 if link is None:
                     continue  # its link closed after the freeze; training already judged it
-                share = {
-                    "host": r.host,
-                    "first_rank": r.start,
-                    "count": r.count,
-                    **self.settings.facts(r.host),
-                }
-                link.send(wire.Kind.WORLD_FORMED, {**common, "host": share, "group": group})
+                share = {"host": host, "first_rank": ranks.start, "count": len(ranks)}
+                if facts := self.settings.facts(host):
+                    share.update(facts)
+                link.send_shared(wire.Kind.WORLD_FORMED, common, {"host": share, "group": group})
                 if group % batch == batch - 1:
                     await asyncio.sleep(0)  # let status requests through during a fleet-sized fan-out
         except Exception as exc:  # a formation that cannot ship must fail loudly, not hang
             self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
             return
-        self.note("formed", f"world formed: {common['world_size']} ranks on {len(ranges)} hosts; training")
+        size = next(reversed(world.values())).stop if world else 0
+        self.note("formed", f"world formed: {size} ranks on {len(world)} hosts; training")
 
     def _fail(self, reason: str) -> None:
         self.note("verdict", f"run failed: {reason}")
@@ -405,12 +401,17 @@ class Controller:
     async def _link(self, reader: asyncio.StreamReader, link: Link) -> None:
         """The host's control link for the whole run; its EOF is the host's exit."""
         host = link.hello.host
+
+        def heard(event: Event) -> None:  # every frame, as it verifies (a round's pieces among them)
+            if isinstance(event, Closed):
+                return
+            if self.supervisor is not None:
+                self.supervisor.heard(host, self.clock())
+            if isinstance(event, Message):
+                self._on_message(link, event)
+
         try:
-            while not isinstance(event := await next_event(reader, link.conn), Closed):
-                if self.supervisor is not None:
-                    self.supervisor.heard(host, self.clock())
-                if isinstance(event, Message):
-                    self._on_message(link, event)
+            await take_over(reader, link.writer, link.conn, heard).done
         except (wire.Dropped, BadMessage) as exc:
             self.dropped[getattr(exc, "cause", "payload")] += 1
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -464,6 +465,8 @@ class Controller:
 
     def _register(self, link: Link, first: int) -> None:
         self.links[link.hello.host] = link
+        if len(self.links) % FREEZE_EVERY == 0:
+            gc.freeze()
         self.cohort.add(link.hello)
         self.view.arrived(link, first)
 

@@ -1,26 +1,35 @@
 """What the status surface shows of a controller: /state.json, /metrics, the run's report.
 
-Read-only over the controller's state. The roster is the one part worth caching:
-/state.json is polled by every status page and ``fdl status --watch`` while a
-fleet-sized window fills, so each host's JSON is rendered once on arrival and
-spliced in, and only a departure (ranks shift) or the formation rebuilds it.
+Read-only over the controller's state. /state.json is polled by every status
+page and ``fdl status --watch`` while a fleet-sized window fills and trains, so
+it never walks the fleet per request: the live head is small and built per
+request; the three parts that grow with the fleet are kept as JSON text and
+spliced in. The roster: each host's JSON is rendered once on arrival and
+appended; a departure or the formation re-renders only the hosts whose ranks
+moved. The ranks' progress and the hosts' heartbeat ages: rebuilt when they
+changed (and as their ages tick, every tenth of a second), and for a fleet of
+more than ``LARGE`` entries at most once a second (its ages up to that much
+older).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .history import Timeline
 from .metrics import exposition
-from .ranks import assign_contiguous
 
 if TYPE_CHECKING:
-    from .controller import Controller, Link
+    from .controller import Controller
+    from .host_link import Link
 
 HISTORY_EVERY = 1.0  # seconds: /history.json is rendered at most this often, however many pages poll
+AGE_STEP = 0.1  # seconds: the ages /state.json shows are rounded to this
+LARGE = 1000  # entries past which a part of /state.json is rebuilt at most once a second
 
 
 def host_json(link: Link, first: int) -> str:
@@ -38,10 +47,28 @@ def host_json(link: Link, first: int) -> str:
     )
 
 
+class _Part:
+    """A part of /state.json that grows with the fleet, kept as JSON text (see the module's doc)."""
+
+    def __init__(self) -> None:
+        self.key: object = None
+        self.at = -math.inf
+        self.text = "{}"
+
+    def get(self, key: object, now: float, size: int, render: Callable[[], object]) -> str:
+        age = now - self.at
+        if age >= (1.0 if size > LARGE else AGE_STEP) or (key != self.key and size <= LARGE):
+            self.key, self.at, self.text = key, now, json.dumps(render())
+        return self.text
+
+
 class ControllerView:
     def __init__(self, controller: Controller) -> None:
         self.ctl = controller
-        self._roster: dict[str, str] | None = {}  # host -> its JSON, in admission order; None = rebuild
+        self._roster: dict[str, tuple[int, str]] = {}  # host -> (first rank, its JSON), in rank order
+        self._moved = False  # a departure or the formation: ranks may have moved
+        self._roster_text: str | None = None  # the roster's JSON list, until it changes
+        self._ranks, self._beats = _Part(), _Part()
         self.timeline = Timeline()  # the window's joins, refusals and verdicts, for the page
         self.polled: float | None = None  # the controller's clock at the last /state.json
         self.on_poll: Callable[[], None] = lambda: None  # the launcher's linger waits on a poll
@@ -64,30 +91,34 @@ class ControllerView:
         return self.polled is not None and self.ctl.clock() - self.polled <= within
 
     def arrived(self, link: Link, first: int) -> None:
-        if self._roster is not None:  # an arrival appends; nobody's ranks move
-            self._roster[link.hello.host] = host_json(link, first)
+        if not self._moved:  # an arrival appends; nobody's ranks move
+            self._roster[link.hello.host] = (first, host_json(link, first))
+            self._roster_text = None
 
     def invalidate(self) -> None:
-        """A departure shifted ranks, or the world formed: rebuild on the next read."""
-        self._roster = None
+        """A departure shifted ranks, or the world formed: re-render who moved on the next read."""
+        self._moved = True
+        self._roster_text = None
 
     def _roster_json(self) -> str:
-        if self._roster is None:
+        if self._moved:
             ctl = self.ctl
-            ranges = assign_contiguous([(m.host, m.ranks) for m in ctl.window.members])
-            self._roster = {}
-            for r in ranges:
-                link = ctl.links.get(r.host)
+            roster, start = {}, 0
+            for m in ctl.window.members:  # contiguous ranks, in the window's order
+                link = ctl.links.get(m.host)
                 if link is not None:
-                    first = link.ranks.start if link.ranks is not None else r.start
-                    self._roster[r.host] = host_json(link, first)
-        return "[" + ",".join(self._roster.values()) + "]"
+                    first = link.ranks.start if link.ranks is not None else start
+                    kept = self._roster.get(m.host)
+                    roster[m.host] = kept if kept and kept[0] == first else (first, host_json(link, first))
+                start += m.ranks
+            self._roster, self._moved = roster, False
+        if self._roster_text is None:
+            self._roster_text = "[" + ",".join(text for _, text in self._roster.values()) + "]"
+        return self._roster_text
 
-    def head(self) -> dict[str, Any]:
+    def _live(self, now: float) -> dict[str, Any]:
+        """The head of /state.json: everything but the parts that grow with the fleet."""
         ctl = self.ctl
-        now = ctl.clock()
-        supervisor = ctl.supervisor
-        training = supervisor is not None and ctl.window.phase == "training"
         return ctl.window.snapshot(now, members=False) | {
             "now": round(time.time(), 1),
             "launch": ctl.settings.launch,
@@ -106,20 +137,34 @@ class ControllerView:
                 if ctl.hub and ctl.traffic
                 else None
             ),
-            "ranks": ctl.board.snapshot(now),
-            "heartbeats": (
-                {host: round(now - seen, 1) for host, seen in supervisor.seen.items() if host in ctl.links}
-                if training and supervisor is not None
-                else {}
-            ),
         }
 
+    def _heartbeats(self, now: float) -> dict[str, float]:
+        ctl, supervisor = self.ctl, self.ctl.supervisor
+        if supervisor is None or ctl.window.phase != "training":
+            return {}
+        return {host: round(now - seen, 1) for host, seen in supervisor.seen.items() if host in ctl.links}
+
+    def head(self) -> dict[str, Any]:
+        now = self.ctl.clock()
+        return self._live(now) | {"ranks": self.ctl.board.snapshot(now), "heartbeats": self._heartbeats(now)}
+
     def state_json(self) -> bytes:
-        """/state.json: the small live head, with the cached roster spliced in."""
-        self.polled = self.ctl.clock()
+        """/state.json: the small live head, with the fleet-sized parts spliced in as built."""
+        self.polled = now = self.ctl.clock()
         self.on_poll()
-        head = json.dumps(self.head())
-        return f'{head[:-1]}, "hosts": {self._roster_json()}}}'.encode()
+        ctl = self.ctl
+        ranks = self._ranks.get(ctl.board.version, now, len(ctl.board.ranks), lambda: ctl.board.snapshot(now))
+        beats = self._beats.get(
+            (ctl.supervisor, ctl.window.phase, len(ctl.links)),
+            now,
+            len(ctl.links),
+            lambda: self._heartbeats(now),
+        )
+        live = json.dumps(self._live(now))
+        return (
+            f'{live[:-1]}, "ranks": {ranks}, "heartbeats": {beats}, "hosts": {self._roster_json()}}}'.encode()
+        )
 
     def state(self) -> dict[str, Any]:
         return self.head() | {"hosts": json.loads(self._roster_json())}
@@ -160,10 +205,11 @@ class ControllerView:
     def report(self) -> dict[str, Any]:
         """The run's verdict (`fdl launch --json`): the world as formed and how every rank exited."""
         ctl = self.ctl
+        formed = [json.loads(host_json(link, first)) for link, first in ctl.formed]
         hosts = [
             host
             | {"exits": {str(rank): code for rank, code in sorted(ctl.exits.get(host["host"], {}).items())}}
-            for host in ctl.formed
+            for host in formed
         ]
         return {
             "launch": ctl.settings.launch,
@@ -171,7 +217,7 @@ class ControllerView:
             "ok": ctl.exit_code == 0,
             "phase": ctl.window.phase,
             "reason": ctl.reason,
-            "world_size": sum(len(h["devices"]) for h in ctl.formed),
+            "world_size": sum(len(h["devices"]) for h in formed),
             "hosts": hosts,
             "admitted": ctl.admitted,
             "refused": dict(ctl.refused),

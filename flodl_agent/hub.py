@@ -1,15 +1,20 @@
-"""The CPU plane's hub: weighted parameter averaging through the controller.
+"""The CPU plane's hub: weighted parameter averaging through the controller, streamed.
 
-Each host's relay sends, per round, one frame: the sum of its ranks'
-pre-scaled parameters (``weight_i * params_i``, raw float32 bytes) and the sum
-of their weights. The hub adds the frames of a round as they come, and once
-every host still training has sent it, divides once by the accepted weight
-and hands the average back. Memory is one model per open round, whatever the
-world size. Needs only worker -> controller reachability, so it works through
-ssh tunnels and across GPU vendors.
+Each host's relay sends, per round, the sum of its ranks' pre-scaled parameters
+(``weight_i * params_i``, raw float32 or bfloat16) and the sum of their weights,
+as pieces in order (``plan``: at most ``CHUNK`` parameters each). The hub adds
+each piece into the round's total the moment it arrives; the stretch that every
+host still training has delivered is divided once by the round's weight and
+goes back at once, while the rest of the round is still arriving. Memory: one
+model per open round (and the last round's, whose pieces may still be on their
+way out), whatever the world size. Needs only worker -> controller
+reachability, so it works through ssh tunnels and across GPU vendors.
 
-Pure: no sockets. The controller feeds it pushes and departures and sends
-what it returns.
+A host that leaves mid-round counts in the stretch it delivered: every piece
+is the weighted average of the hosts whose parameters it holds.
+
+Pure: no sockets. The controller feeds it pieces and departures and sends what
+it returns.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+CHUNK = 1 << 18  # parameters per piece: 1 MiB of float32 (small enough to overlap, big enough to pay)
 Blob = bytes | bytearray | memoryview
 
 
@@ -57,6 +63,11 @@ def encode(values: np.ndarray, bf16: bool) -> Blob:
     return np.ascontiguousarray(values, dtype=np.float32).data.cast("B")
 
 
+def plan(params: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
+    """A round's pieces: (first parameter, end) of each, in the order they travel."""
+    return [(first, min(first + chunk, params)) for first in range(0, params, chunk)]
+
+
 class Mismatch(Exception):
     """A host's parameters do not line up with the round's (a different model)."""
 
@@ -64,17 +75,21 @@ class Mismatch(Exception):
 @dataclass
 class _Round:
     total: np.ndarray
-    weight: float
-    bf16: bool
-    hosts: set[str] = field(default_factory=set)
+    bf16: bool  # the wire format of the answers (the round's first piece's)
     weights: dict[str, float] = field(default_factory=dict)  # what each host brought (its share)
+    prefix: dict[str, int] = field(default_factory=dict)  # parameters each host delivered, in order
+    covered: int = 0  # total[:covered] holds a contribution (beyond it: stale until written)
+    sent: int = 0  # total[:sent] was averaged and handed out
 
 
 @dataclass(frozen=True)
 class Averaged:
-    """A finished round: what to send back, and to whom (``bf16``: in the wire format it came in).
+    """A piece of a round's average, and to whom it goes (``bf16``: in the wire format it came in).
 
-    ``data`` may be a view of the hub's buffer: send it before the next push.
+    Parameters ``[offset, offset + len)`` of ``params``; ``weight`` is what they were divided by
+    (0: nobody's parameters, and no data). ``last``: the round is complete with this piece, and
+    ``weights`` says what each host brought. ``data`` may be a view of the hub's buffer, valid
+    until the round after next opens.
     """
 
     round: int
@@ -83,6 +98,9 @@ class Averaged:
     weight: float
     bf16: bool = False
     weights: Mapping[str, float] = field(default_factory=dict)  # host -> its weight in the round
+    offset: int = 0
+    params: int = 0
+    last: bool = True
 
 
 class Hub:
@@ -92,12 +110,22 @@ class Hub:
         self._size: int | None = None  # parameters per round, fixed by the first push
         self.rounds_done = 0
         self.bytes_in = 0
-        self._spare: np.ndarray | None = None  # a finished round's buffer, reused (fresh pages cost faults)
+        # Finished rounds' buffers, reused (fresh pages cost faults): never the newest, whose
+        # pieces may still be queued on a slow link (views, not copies).
+        self._spares: list[np.ndarray] = []
 
     def push(
-        self, host: str, round_no: int, weight: float, data: Blob, bf16: bool = False
-    ) -> Averaged | None:
-        """One host's folded contribution to a round; the round's average once it is complete.
+        self,
+        host: str,
+        round_no: int,
+        weight: float,
+        data: Blob,
+        bf16: bool = False,
+        offset: int = 0,
+        params: int = 0,
+    ) -> list[Averaged]:
+        """A piece of one host's folded round: its parameters ``[offset, offset + len)`` of
+        ``params`` (0: the whole round in one piece); the pieces of the average it completes.
 
         ``bf16``: the parameters came as bfloat16 (half the bytes on the link); the sum is float32.
         """
@@ -105,7 +133,8 @@ class Hub:
         if len(data) % width:
             kind = "bfloat16" if bf16 else "float32"
             raise Mismatch(f"{host} sent {len(data)} bytes for round {round_no}: not {kind} parameters")
-        size = len(data) // width
+        count = len(data) // width
+        size = params or count
         if self._size is None:
             self._size = size
         elif size != self._size:
@@ -116,58 +145,121 @@ class Hub:
             raise Mismatch(f"{host} sent weight {weight} for round {round_no}")
         state = self._rounds.get(round_no)
         if state is None:
-            total = self._spare if self._spare is not None and len(self._spare) == size else None
-            self._spare = None
-            if total is None:
-                total = np.zeros(size, dtype=np.float32)
-            else:
-                total.fill(0.0)
-            state = self._rounds[round_no] = _Round(total, 0.0, bf16)
-        if host in state.hosts:
-            raise Mismatch(f"{host} sent round {round_no} twice")
-        state.hosts.add(host)
-        state.weights[host] = weight
+            state = self._rounds[round_no] = _Round(self._buffer(size), bf16)
+        have = state.prefix.get(host)
+        if have is not None and (have >= size or state.weights[host] == 0):
+            raise Mismatch(f"{host} sent round {round_no} twice")  # a zero weight's first piece is all
+        if have is None:
+            state.weights[host], have = weight, 0
+        elif weight != state.weights[host]:
+            raise Mismatch(f"{host} changed its weight within round {round_no}")
+        if offset != have or offset + count > size:
+            raise Mismatch(
+                f"{host} sent parameters {offset}-{offset + count} of round {round_no}; "
+                f"expected the next from {have} of {size}"
+            )
         if weight > 0:  # a host whose ranks took no step contributes nothing
-            state.total += decode(data, bf16)
-            state.weight += weight
+            self._add(state, offset, decode(data, bf16))
+        state.prefix[host] = offset + count
         self.bytes_in += len(data)
-        return self._finish(round_no)
+        return self._ready(round_no)
+
+    def _buffer(self, size: int) -> np.ndarray:
+        if len(self._spares) >= 2 and len(self._spares[0]) == size:
+            return self._spares.pop(0)
+        return np.empty(size, dtype=np.float32)
+
+    @staticmethod
+    def _add(state: _Round, offset: int, values: np.ndarray) -> None:
+        """Into the total: added where another host's parameters are, copied where none are yet."""
+        stop, covered, total = offset + len(values), state.covered, state.total
+        if offset < covered:
+            end = min(stop, covered)
+            np.add(total[offset:end], values[: end - offset], out=total[offset:end])
+        if stop > covered:
+            first = max(offset, covered)
+            total[first:stop] = values[first - offset :]
+            state.covered = stop
 
     @property
     def active(self) -> bool:
         """Ranks average through the plane (a round finished or is open)."""
         return bool(self.rounds_done or self._rounds)
 
+    def _delivered(self, state: _Round, host: str) -> int:
+        """How far ``host`` holds up the round (a host that brings nothing holds up nothing)."""
+        if host not in state.weights:
+            return -1  # it has not started the round
+        return (self._size or 0) if state.weights[host] == 0 else state.prefix[host]
+
     def missing(self, round_no: int) -> set[str]:
         """The training hosts a round still waits for."""
         state = self._rounds.get(round_no)
-        return set() if state is None else self.training - state.hosts
+        if state is None:
+            return set()
+        return {h for h in self.training if self._delivered(state, h) < (self._size or 0)}
 
     def shutdown(self) -> list[tuple[int, set[str]]]:
         """Drop the open rounds: (round, hosts that pushed it), to be answered with the shutdown."""
-        open_rounds = [(r, set(state.hosts)) for r, state in sorted(self._rounds.items())]
+        open_rounds = [(r, set(state.weights)) for r, state in sorted(self._rounds.items())]
         self._rounds.clear()
         return open_rounds
 
     def leave(self, host: str) -> list[Averaged]:
-        """A host stopped training (its ranks exited or it died): rounds waiting only on it finish."""
+        """A host stopped training (its ranks exited or it died): rounds no longer wait for it;
+        what it delivered of an open round still counts."""
         self.training.discard(host)
-        return [done for r in sorted(self._rounds) if (done := self._finish(r)) is not None]
+        return [piece for r in sorted(self._rounds) for piece in self._ready(r)]
 
-    def _finish(self, round_no: int) -> Averaged | None:
+    def _ready(self, round_no: int) -> list[Averaged]:
+        """The pieces of the round every training host has now delivered, averaged."""
         state = self._rounds[round_no]
-        if not self.training <= state.hosts:
-            return None
-        del self._rounds[round_no]
-        self.rounds_done += 1
-        if state.weight > 0:
-            state.total /= np.float32(state.weight)
-        self._spare = state.total
+        size = self._size or 0
+        upto = min((self._delivered(state, h) for h in self.training), default=size)
+        if upto < 0 or (upto <= state.sent and upto < size):
+            return []  # someone has not started it, or nothing new is whole
+        # A host gone mid-round counts where it delivered: a piece ends where its delivery did.
+        gone = {h: p for h, p in state.prefix.items() if h not in self.training and state.weights[h] > 0}
+        cuts = sorted({p for p in gone.values() if state.sent < p < upto})
+        hosts = frozenset(h for h in state.weights if h in self.training)
+        pieces = []
+        first = state.sent
+        for stop in [*cuts, upto]:
+            weight = sum(
+                w for h, w in state.weights.items() if w > 0 and (h in self.training or gone[h] >= stop)
+            )
+            pieces.append(self._average(round_no, state, first, stop, weight, hosts, stop == size))
+            first = stop
+        state.sent = upto
+        if upto == size:
+            del self._rounds[round_no]
+            self.rounds_done += 1
+            self._spares = [*self._spares, state.total][-2:]
+        return pieces
+
+    def _average(
+        self,
+        round_no: int,
+        state: _Round,
+        first: int,
+        stop: int,
+        weight: float,
+        hosts: frozenset[str],
+        last: bool,
+    ) -> Averaged:
+        data: Blob = b""
+        if weight > 0:  # nobody's parameters (nobody stepped): no data, the ranks keep theirs
+            view = state.total[first:stop]
+            np.divide(view, np.float32(weight), out=view)
+            data = encode(view, state.bf16)
         return Averaged(
             round_no,
-            encode(state.total, state.bf16),
-            frozenset(state.hosts),
-            state.weight,
+            data,
+            hosts,
+            weight,
             state.bf16,
-            state.weights,
+            dict(state.weights) if last else {},
+            offset=first,
+            params=self._size or 0,
+            last=last,
         )

@@ -34,14 +34,23 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
 from pydantic import ValidationError
 
 from . import wire
-from .messages import Abort, Accept, BadMessage, Challenge, Hello, Msg, Reject, WorldFormed
+from .join_events import Aborted as Aborted
+from .join_events import Accepted as Accepted
+from .join_events import Challenged as Challenged
+from .join_events import Closed as Closed
+from .join_events import Event as Event
+from .join_events import Formed as Formed
+from .join_events import HelloReceived as HelloReceived
+from .join_events import KeyRefused as KeyRefused
+from .join_events import Message as Message
+from .join_events import Refused as Refused
+from .messages import Abort, Accept, BadMessage, Challenge, Hello, Reject, WorldFormed
 from .messages import parse as parse_message
 
 
@@ -50,74 +59,6 @@ class _NeedData(Enum):
 
 
 NEED_DATA: Final = _NeedData.NEED_DATA
-
-
-# --- events ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Challenged:
-    """Client: the controller's challenge, which this box can answer."""
-
-    challenge: Challenge
-
-
-@dataclass(frozen=True)
-class HelloReceived:
-    """Server: an authenticated hello that answers this connection's challenge."""
-
-    hello: Hello
-
-
-@dataclass(frozen=True)
-class KeyRefused:
-    """Server: the walk-in says the challenge is bound and it holds no key (``wire.NO_KEY``).
-    Unproven, like everything before a hello: count it, log it."""
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """Client: admitted; the link has switched to the connection key."""
-
-    accept: Accept
-
-
-@dataclass(frozen=True)
-class Refused:
-    """Client: refused by name, with the fix; nothing more comes on this connection."""
-
-    reject: Reject
-
-
-@dataclass(frozen=True)
-class Formed:
-    """Client: the world formed; this host's share of it."""
-
-    world: WorldFormed
-
-
-@dataclass(frozen=True)
-class Aborted:
-    """Client: the controller aborted the run."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Message:
-    """Either side, after admission: a link message and, for the bulk kinds, its raw bytes
-    (a view into the receive buffer, valid until the next ``receive_data``)."""
-
-    message: Msg | None
-    blob: wire.Blob = b""
-
-
-@dataclass(frozen=True)
-class Closed:
-    """The peer closed its side."""
-
-
-Event = Challenged | HelloReceived | KeyRefused | Accepted | Refused | Formed | Aborted | Message | Closed
 
 
 # Read instead of a challenge when the controller's dial guard turns this peer away.
@@ -198,11 +139,26 @@ class _Side:
         """Bytes still missing from the frame being received: a hint for the read size."""
         return self.codec.wanted
 
+    def direct(self) -> memoryview | None:
+        """An admitted link: where the next bytes can be received straight into (``Codec.direct``);
+        None: receive them anywhere and pass them to ``receive_data``."""
+        return self.codec.direct() if self.state is State.ADMITTED else None
+
+    def filled(self, n: int) -> None:
+        """``n`` bytes were received into the view ``direct()`` returned."""
+        self.codec.filled(n)
+
     def send(self, kind: wire.Kind, body: Mapping[str, Any], blob: wire.Blob = b"") -> list[wire.Blob]:
         """A link frame as buffers to write in order (the raw bytes of a bulk frame never joined)."""
         if self.state is not State.ADMITTED:
             raise RuntimeError(f"no link to send {kind.name} on: the connection is {self.state.value}")
         return self.codec.encode_parts(kind, body, blob)
+
+    def send_shared(self, kind: wire.Kind, shared: wire.SharedMap, own: Mapping[str, Any]) -> bytes:
+        """A link frame whose map is ``shared`` (packed once for many links) and ``own``."""
+        if self.state is not State.ADMITTED:
+            raise RuntimeError(f"no link to send {kind.name} on: the connection is {self.state.value}")
+        return self.codec.encode_shared(kind, shared, own)
 
     def _frame(
         self, key_of: Callable[[wire.Kind, dict[str, Any]], bytes] | None = None

@@ -160,9 +160,10 @@ class Abort(Msg):
 class Average(Msg):
     """A round pushed towards the controller; the parameters are the frame's raw bytes.
 
-    On the link: a host's folded round (the sum of its ranks' weight * params,
-    float32 or bfloat16) or its relay's error. On loopback: a rank's push, its
-    parameters already in its shared-memory segment (``size`` bytes).
+    On the link: a piece of a host's folded round (the sum of its ranks' weight *
+    params, float32 or bfloat16: parameters ``offset`` on, of ``params``; 0: the
+    whole round in one frame) or its relay's error. On loopback: a rank's push,
+    its parameters already in its shared-memory segment (``size`` bytes).
     """
 
     round: int = Field(ge=0, lt=2**62)
@@ -171,10 +172,13 @@ class Average(Msg):
     bf16: bool = False  # the raw bytes are bfloat16 (bf16_wire): half the bytes on the link
     rank: int = Field(-1, ge=-1)
     size: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, lt=2**40)
+    params: int = Field(0, ge=0, lt=2**40)
 
 
 class Averaged(Msg):
-    """A round's average (the frame's raw bytes; on loopback, in the host's shared average) or why not."""
+    """A piece of a round's average (the frame's raw bytes: parameters ``offset`` on, of
+    ``params``; on loopback, the whole round in the host's shared average) or why not."""
 
     round: int = Field(ge=0, lt=2**62)
     weight: float = 0.0
@@ -182,6 +186,9 @@ class Averaged(Msg):
     saver: int = -1  # ShutdownWithSave: the rank that writes the checkpoint
     bf16: bool = False
     size: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, lt=2**40)
+    params: int = Field(0, ge=0, lt=2**40)
+    last: bool = True  # the round is whole with this piece
 
 
 class Stream(Msg):

@@ -7,6 +7,7 @@ right after the handshake. The contexts and certificate files are :mod:`.tls`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -47,6 +48,7 @@ def check_pin(der: bytes | None, expected: str, where: str) -> None:
         raise PinMismatch(where, expected, got)
 
 
+@functools.lru_cache(maxsize=4096)  # asked of every connection's peer
 def cleartext_warning(peer: str) -> bool:
     """Should a cleartext connection from ``peer`` be called out? (outside private ranges)"""
     try:

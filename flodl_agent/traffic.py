@@ -75,30 +75,43 @@ class Traffic:
         if pushed.error:
             raise RoundFailed(f"{host}: {pushed.error}")
         if self.supervisor.shutdown:  # a round pushed after the shutdown: answered with it at once
-            self.tell_shutdown(host, pushed.round)
+            if pushed.offset == 0:  # once per round, not per piece
+                self.tell_shutdown(host, pushed.round)
             return False
         self.rounds.opened(pushed.round, self.clock())
         try:
-            done = self.hub.push(host, pushed.round, pushed.weight, blob, pushed.bf16)
+            pieces = self.hub.push(
+                host, pushed.round, pushed.weight, blob, pushed.bf16, pushed.offset, pushed.params
+            )
         except Mismatch as exc:
             raise RoundFailed(str(exc)) from None
-        if done is not None:
-            self.deliver([done])
-            return False
+        if pieces:
+            self.deliver(pieces)
+            if pieces[-1].last:
+                return False
         if pushed.round in self.supervisor.stalls:
             return False
         self.supervisor.round_opened(pushed.round, now)
         return True
 
-    def deliver(self, rounds: list[Averaged]) -> None:
-        for done in rounds:
-            self.supervisor.round_closed(done.round)
-            self.rounds.closed(done.round, self.clock(), done.weights)
-            body = {"round": done.round, "weight": done.weight, "bf16": done.bf16}
-            for host in done.hosts:
+    def deliver(self, pieces: list[Averaged]) -> None:
+        """Pieces of averages, to every host of their round (the same bytes to each: no copy)."""
+        for piece in pieces:
+            if piece.last:
+                self.supervisor.round_closed(piece.round)
+                self.rounds.closed(piece.round, self.clock(), piece.weights)
+            body = {
+                "round": piece.round,
+                "weight": piece.weight,
+                "bf16": piece.bf16,
+                "offset": piece.offset,
+                "params": piece.params,
+                "last": piece.last,
+            }
+            for host in piece.hosts:
                 link = self.links.get(host)
                 if link is not None:
-                    link.send(wire.Kind.AVERAGED, body, done.data)
+                    link.send(wire.Kind.AVERAGED, body, piece.data)
 
     def shutdown(self) -> None:
         """ShutdownWithSave: every round waiting is answered with it (and the saver's rank)."""

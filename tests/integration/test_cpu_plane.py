@@ -29,6 +29,26 @@ out = [params[0].tolist(), params[1].tolist(), total, second[0].tolist(), total2
 open(os.path.join(sys.argv[1], str(rank)), "w").write(json.dumps(out))
 """
 
+STREAMED = """
+import json, os, sys
+import torch
+from flodl_agent.averaging import Averager
+
+rank = int(os.environ["RANK"])
+avg = Averager(bf16_wire=sys.argv[2] == "bf16")
+base = (torch.arange(int(sys.argv[3])) % 97).float()  # several pieces of the hub's plan
+params = [base * (rank + 1), base[:5] * 0 + 10.0 * (rank + 1)]
+totals = [avg.average(params, float(rank + 1))]  # weights 1, 2, 3
+block = params[1].tolist()
+second = [base * rank, base[:5] * 0]
+totals.append(avg.average(second, 0.0 if rank == 0 else 1.0))  # box-a folds rank 1 alone
+third = [base * rank, base[:5] * 0]
+totals.append(avg.average(third, 0.0 if rank < 2 else 1.0))  # box-a brings nothing: one empty piece
+want = ((params[0], 14 / 6), (second[0], 1.5), (third[0], 2.0))
+ok = [bool(torch.allclose(t, base * k, rtol=1e-2)) for t, k in want]
+open(os.path.join(sys.argv[1], str(rank)), "w").write(json.dumps([totals, block, ok]))
+"""
+
 MISMATCH = """
 import os, torch
 from flodl_agent.averaging import Averager
@@ -69,6 +89,33 @@ def test_weighted_averaging_across_hosts_through_the_controller(tmp_path: Path, 
         assert [v for row in block for v in row] == pytest.approx([10 * mean] * 4, **approx)
         assert total == 6.0
         assert second == pytest.approx([1.5] * 3, **approx) and total2 == 2.0  # (1 + 2) / 2, rank 0 excluded
+
+
+@pytest.mark.parametrize("wire", ["f32", "bf16"])
+def test_a_model_of_several_pieces_streams_through_the_hub(tmp_path: Path, wire: str) -> None:
+    from flodl_agent.hub import CHUNK
+
+    out = tmp_path / "out"
+    out.mkdir()
+    numel = 2 * CHUNK + 12345  # three pieces, the last one short
+    script = [sys.executable, "-c", STREAMED, str(out), wire, str(numel)]
+
+    async def scenario() -> None:
+        ctl = Controller(settings(script, quorum=3, target=3))
+        await ctl.start()
+        logs: list[str] = []
+        assert await walk_ins(ctl, ("box-a", 2), ("box-b", 1), log=logs) == [0, 0], logs
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0 and ctl.hub is not None and ctl.hub.rounds_done == 3
+        await ctl.close()
+
+    run(scenario)
+    results = {int(p.name): json.loads(p.read_text()) for p in out.iterdir()}
+    assert sorted(results) == [0, 1, 2]
+    for totals, block, ok in results.values():
+        assert totals == [6.0, 2.0, 1.0]
+        assert block == pytest.approx([10 * 14 / 6] * 5, rel=1e-2)
+        assert ok == [True, True, True]  # every piece of every round: the weighted average
 
 
 def test_a_parameter_count_mismatch_fails_the_run_naming_the_ranks(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def test_a_stolen_workers_key_takes_no_other_name_and_the_real_worker_then_walks
         )
         assert results == [0, 0]
         await ctl.finished.wait()
-        assert ctl.exit_code == 0 and [h["host"] for h in ctl.formed] == ["w1", "w2"]
+        assert ctl.exit_code == 0 and [link.hello.host for link, _ in ctl.formed] == ["w1", "w2"]
         await ctl.close()
 
     run(scenario)
@@ -87,7 +87,7 @@ def test_walk_ins_fill_the_room_a_target_above_the_roster_leaves_and_no_more() -
         # the roster's ranks were kept for it
         roster = [walk_in(agent(ctl, w, host_key=own(w))) for w in ("w1", "w2")]
         assert await asyncio.gather(first, *roster) == [0, 0, 0]
-        assert [h["host"] for h in ctl.formed] == ["w1", "w2", "cloud-1"]
+        assert [link.hello.host for link, _ in ctl.formed] == ["w1", "w2", "cloud-1"]
         await ctl.close()
 
     run(scenario)

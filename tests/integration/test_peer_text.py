@@ -77,7 +77,7 @@ def test_the_agent_is_told_before_it_sends_such_a_hello() -> None:
 
 
 def _challenge_bytes() -> bytes:
-    return JoinServer(OPEN_KEY, OPEN_KEY).start()
+    return JoinServer(None, salt=OPEN_KEY).start()
 
 
 def test_the_controller_log_escapes_peer_text_that_reaches_it() -> None:

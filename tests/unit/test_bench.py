@@ -26,3 +26,59 @@ def test_benchmark_quick_run_reports_json(name: str, args: list[str]) -> None:
     )
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["bench"] == name and report["ratio"] > 0
+
+
+def test_the_shaped_network_plan_shapes_both_ends_of_every_link() -> None:
+    from bench import netns
+
+    t = netns.topology(2, pid=4242)
+    assert t.namespaces == [
+        "fdl-bench-4242-sw",
+        "fdl-bench-4242-ctl",
+        "fdl-bench-4242-w0",
+        "fdl-bench-4242-w1",
+    ]
+    assert [(h.name, h.rate) for h in t.hosts] == [("ctl", 10**10), ("w0", 10**9), ("w1", 10**9)]
+    assert len({h.address for h in t.hosts}) == 3
+    commands = [" ".join(c) for c in netns.setup_commands(t)]
+    for h in t.hosts:
+        shaped = [c for c in commands if "tbf" in c and f"rate {h.rate}bit" in c]
+        # the host's own end, and the switch's end of its pair
+        assert any(f"exec {h.ns} tc qdisc add dev eth0" in c for c in shaped)
+        assert any(f"exec {t.switch} tc qdisc add dev {h.port}" in c for c in shaped)
+    assert commands.index(f"ip netns add {t.switch}") < commands.index(
+        f"ip -n {t.switch} link add br0 type bridge"
+    )
+
+
+def test_a_token_bucket_holds_at_least_a_kernel_tick_at_its_rate() -> None:
+    from bench import netns
+
+    burst = int(netns.tbf(10**10)[netns.tbf(10**10).index("burst") + 1])
+    assert burst * 8 * netns.KERNEL_HZ >= 10**10 and int(netns.tbf(10**9)[4]) == 1 << 20
+
+
+def test_stale_namespaces_are_the_ones_of_processes_gone() -> None:
+    from bench import netns
+
+    names = netns.parse_list(
+        "fdl-bench-11-sw (id: 3)\nfdl-bench-12-w0\nnetns-1234 (id: 0)\nfdl-bench-x-ctl\n"
+    )
+    assert names == ["fdl-bench-11-sw", "fdl-bench-12-w0", "netns-1234", "fdl-bench-x-ctl"]
+    assert netns.stale(names, alive=lambda pid: pid == 12) == ["fdl-bench-11-sw", "fdl-bench-x-ctl"]
+
+
+def test_the_averaging_ratios_read_the_64_mb_rows() -> None:
+    from bench import averaging
+
+    rows = [
+        averaging.row("loopback", 2, 64, {"hub": 0.1, "hub_bf16": 0.2, "gloo": 0.05}),
+        averaging.row("loopback", 4, 64, {"hub": 0.4, "gloo": 0.2}),
+        averaging.row("shaped", 2, 64, {"hub": 0.5, "hub_bf16": 0.25, "gloo": 0.55}),
+        averaging.row("loopback", 2, 1, {"hub": 9.0, "gloo": 1.0}),
+    ]
+    got = averaging.summary(rows, 10.0, None)
+    assert (got["ratio"], got["ratio_bf16"], got["ratio_4"]) == (0.5, 0.25, 0.5)
+    assert (got["shaped_ratio"], got["shaped_ratio_bf16"]) == (1.1, 2.2)
+    assert averaging.summary(rows[:1], 10.0, "needs root")["shaped_ratio"] is None
+    assert rows[0]["hub_gbps"] == round(64 * 2**20 / 0.1 / 1e9, 3)

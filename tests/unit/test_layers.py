@@ -33,6 +33,8 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.credentials": IO_MODULES,
     "flodl_agent.sources": IO_MODULES,
     "flodl_agent.wire": IO_MODULES,
+    "flodl_agent.keys": IO_MODULES,
+    "flodl_agent.join_events": PYDANTIC,
     "flodl_agent.hub": IO_MODULES,
     "flodl_agent.history": IO_MODULES,
     "flodl_agent.log_limit": IO_MODULES,

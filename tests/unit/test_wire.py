@@ -282,3 +282,103 @@ def test_a_frame_keyed_by_its_own_map_verifies_under_the_key_it_names() -> None:
     with pytest.raises(wire.Dropped) as caught:
         other.next_frame_keyed(key_of)
     assert caught.value.cause == "tag"
+
+
+def receive(rx: wire.Codec, data: bytes, step: int) -> list[wire.Frame]:
+    """What a link's protocol does: straight into ``direct()`` when the codec has a place for
+    the bytes, else stage and feed; a frame is handed out (and consumed) as it verifies."""
+    got, at = [], 0
+    while at < len(data):
+        into = rx.direct()
+        n = min(step, len(data) - at, len(into) if into is not None else step)
+        if into is not None:
+            into[:n] = data[at : at + n]
+            rx.filled(n)
+        else:
+            rx.feed(data[at : at + n])
+        at += n
+        got += [wire.Frame(f.kind, f.body, bytes(f.blob)) for f in rx.frames()]
+    return got
+
+
+def test_bulk_bytes_are_received_straight_into_the_sinks_destination() -> None:
+    tx, rx = wire.Codec(KEY, max_payload=8 << 20), wire.Codec(KEY, max_payload=8 << 20)
+    place = bytearray(4 << 20)
+    asked: list[tuple[wire.Kind, int, int]] = []
+
+    def sink(kind: wire.Kind, body: dict[str, object], n: int) -> memoryview | None:
+        asked.append((kind, int(body["at"]), n))  # type: ignore[call-overload]
+        return memoryview(place)[int(body["at"]) : int(body["at"]) + n]  # type: ignore[call-overload]
+
+    rx.sink = sink
+    blobs = [bytes([i + 1]) * (1 << 20) for i in range(3)]
+    data = b"".join(
+        b"".join(tx.encode_parts(wire.Kind.AVERAGE, {"at": i << 20}, blob)) for i, blob in enumerate(blobs)
+    ) + tx.encode(wire.Kind.HEARTBEAT)
+    got = receive(rx, data, 300_007)
+    assert [(f.kind, f.blob) for f in got] == [(wire.Kind.AVERAGE, b) for b in blobs] + [
+        (wire.Kind.HEARTBEAT, b"")
+    ]
+    assert asked == [(wire.Kind.AVERAGE, i << 20, 1 << 20) for i in range(3)]
+    assert bytes(place[: 3 << 20]) == b"".join(blobs)  # the bytes lie where the sink said
+    assert rx.buffered == 0
+
+
+def test_without_a_sink_bulk_bytes_land_in_one_reused_buffer() -> None:
+    tx, rx = wire.Codec(KEY, max_payload=8 << 20), wire.Codec(KEY, max_payload=8 << 20)
+    data = b"".join(
+        b"".join(tx.encode_parts(wire.Kind.AVERAGE, {"r": r}, bytes([r]) * (1 << 20))) for r in range(3)
+    )
+    views = []
+    at = 0
+    while at < len(data):
+        if (into := rx.direct()) is not None:
+            n = min(len(into), len(data) - at)
+            into[:n] = data[at : at + n]
+            rx.filled(n)
+        else:
+            n = min(rx.wanted or 1, len(data) - at)  # only what the frame's head needs
+            rx.feed(data[at : at + n])
+        at += n
+        for frame in rx.frames():
+            views.append((frame.body["r"], bytes(frame.blob[:2]), frame.blob.obj))  # type: ignore[union-attr]
+    assert [(r, head) for r, head, _ in views] == [(r, bytes([r]) * 2) for r in range(3)]
+    assert views[0][2] is views[1][2] is views[2][2]  # fresh pages cost a fault each: one buffer serves
+
+
+def test_a_bulk_frame_whose_raw_bytes_fail_their_tag_is_refused_though_they_landed() -> None:
+    tx, rx = wire.Codec(KEY, max_payload=2 << 20), wire.Codec(KEY, max_payload=2 << 20)
+    place = bytearray(1 << 20)
+    rx.sink = lambda kind, body, n: memoryview(place)[:n]
+    data = bytearray(b"".join(tx.encode_parts(wire.Kind.AVERAGE, {"r": 0}, b"\x07" * (1 << 20))))
+    data[-3] ^= 0x10
+    with pytest.raises(wire.Dropped) as caught:
+        receive(rx, bytes(data), 1 << 16)
+    assert caught.value.cause == "tag" and place[0] == 7  # in place, and never handed out
+
+
+def test_a_bulk_frames_map_is_checked_before_its_raw_bytes_arrive() -> None:
+    rx = wire.Codec(KEY, max_payload=8 << 20)
+    head = wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.Kind.AVERAGE, 4 << 20, bytes(32))
+    rx.feed(head + wire.META.pack(wire.CONTROL_MAX + 1))
+    with pytest.raises(wire.Dropped, match="map of"):
+        rx.next_frame()
+    rx = wire.Codec(KEY, max_payload=8 << 20)
+    rx.feed(head + wire.META.pack(5 << 20))
+    with pytest.raises(wire.Dropped, match="overruns"):
+        rx.next_frame()
+
+
+@given(
+    shared=st.dictionaries(
+        st.text(max_size=8), st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20), max_size=20
+    ),
+    own=st.dictionaries(st.text(min_size=9, max_size=12), st.integers(0, 2**32), max_size=3),
+)
+def test_a_shared_map_encodes_the_frame_its_merged_map_would(
+    shared: dict[str, object], own: dict[str, object]
+) -> None:
+    a, b = pair()
+    assert a.encode_shared(wire.Kind.WORLD_FORMED, wire.SharedMap.of(shared), own) == b.encode(
+        wire.Kind.WORLD_FORMED, {**shared, **own}
+    )
