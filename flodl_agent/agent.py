@@ -42,7 +42,7 @@ from .ranks import rank_span
 from .rendezvous import StreamRelay, serve_store, warm_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from .streams import DIAL_TIMEOUT, LinkEnded, LinkStream, dial, next_event, take_over, write_parts
-from .supervision import ranks_failed
+from .supervision import ranks_failed, teardown_note
 from .tunnel import Tunnel
 
 # A tunnel's door that does not permit the forward accepts, then hangs up.
@@ -339,12 +339,16 @@ class Attempt:
         averager: AverageRelay,
     ) -> int:
         assert proc.stdout is not None
+        last = ""  # its last words: how a crash ended (teardown_note)
         async for line in output_lines(proc.stdout):
             sys.stdout.write(f"[rank {rank}] {line}\n")
             sys.stdout.flush()
+            last = line if line.strip() else last
         code = await proc.wait()
         if self.compose is not None:
             code = await self.compose.exit_code(rank, code)  # the container's, not its client's
+        if (note := teardown_note(rank, code, last)) is not None:
+            self.log(note)
         averager.rank_exited(rank)
         write_parts(writer, client.send(wire.Kind.RANK_EXITED, {"rank": rank, "code": code}))
         return code

@@ -41,8 +41,9 @@ def main() -> None:
     w, b = model.module.weight.item(), model.module.bias.item()
     device = os.environ.get("FLODL_DEVICE", "?")
     print(f"rank {rank}/{world} on {device}: loss {loss.item():.5f}, w={w:.4f} b={b:.4f}", flush=True)
-    # Every rank is past its last collective before any tears gloo down: a rank
-    # that destroys its group while a peer still sends can abort (torch 2.13, CPU).
+    # Every rank is past its last collective before any tears gloo down. The DDP
+    # model keeps the group's threads alive past destroy_process_group(): torch's
+    # teardown race stays possible (docs/data-plane.md, a rank killed by SIGABRT).
     dist.barrier()
     dist.destroy_process_group()
 

@@ -38,6 +38,23 @@ def ranks_failed(host: str, codes: dict[int, int]) -> str:
     return f"{what} failed on {host}: {', '.join(failed)}; the run ended with errors"
 
 
+# libstdc++'s last words when std::terminate runs with no exception in flight.
+TERMINATE_LINE = "terminate called without an active exception"
+
+
+def teardown_note(rank: int, code: int, last_line: str) -> str | None:
+    """What to say of a rank killed by SIGABRT right after libstdc++'s terminate line: the
+    signature of torch's gloo teardown race (docs/data-plane.md). Named, never excused: the
+    exit stays a failure, since nothing outside the rank knows whether its outputs were complete."""
+    if code != -signal.SIGABRT or last_line.strip() != TERMINATE_LINE:
+        return None
+    return (
+        f"rank {rank} ended like torch's gloo teardown race (SIGABRT after {TERMINATE_LINE!r}: a gloo "
+        "thread let go of a tensor while Python was shutting down); it counts as failed, as under "
+        "torchrun: see docs/troubleshooting.md, a rank killed by SIGABRT as it exits"
+    )
+
+
 def failure_budget(spec: str, world_size: int) -> int:
     """``max_failure`` as a rank count: ``"2"``, or ``"25%"`` of the world (rounded down)."""
     text = spec.strip()

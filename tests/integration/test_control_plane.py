@@ -364,10 +364,34 @@ def test_a_rank_killed_by_a_signal_is_named_by_the_signal() -> None:
         logs: list[str] = []
         ctl = Controller(settings(abort, quorum=1, target=1), log=logs.append)
         await ctl.start()
-        assert await walk_in(agent(ctl, "a", 1)) == TRANSIENT
+        assert await walk_in(agent(ctl, "a", 1), logs) == TRANSIENT
         await ctl.finished.wait()
         assert "rank 0 on a was killed by SIGABRT (-6)" in (ctl.window.failure or "")
         assert any("rank 0 on a was killed by SIGABRT (-6)" in line for line in logs)
+        assert not any("teardown" in line for line in logs)  # an abort without terminate's words
+        await ctl.close()
+
+    run(scenario)
+
+
+def test_a_rank_that_dies_in_std_terminate_is_named_and_still_fails_the_run() -> None:
+    # libstdc++'s own terminate handler: its words, then SIGABRT, as when gloo's teardown races Python's.
+    terminate = [
+        sys.executable,
+        "-c",
+        "import ctypes; print('results written', flush=True); "
+        "ctypes.CDLL('libstdc++.so.6')._ZSt9terminatev()",
+    ]
+
+    async def scenario() -> None:
+        logs: list[str] = []
+        ctl = Controller(settings(terminate, quorum=1, target=1))
+        await ctl.start()
+        assert await walk_in(agent(ctl, "a", 1), logs) == TRANSIENT
+        await ctl.finished.wait()
+        assert ctl.exit_code == 1 and "rank 0 on a was killed by SIGABRT (-6)" in (ctl.window.failure or "")
+        (note,) = [line for line in logs if "teardown" in line]
+        assert note.startswith("rank 0 ended like torch's gloo teardown race") and "counts as failed" in note
         await ctl.close()
 
     run(scenario)

@@ -18,6 +18,7 @@ from flodl_agent.supervision import (
     failure_budget,
     parse_max_failure,
     ranks_failed,
+    teardown_note,
 )
 
 RUNNING = "2 rank(s) still running"
@@ -182,3 +183,13 @@ def test_the_failed_ranks_of_a_host_are_named_each_with_its_exit() -> None:
         "ranks failed on box-a: rank 4 exited with code 3, rank 5 was killed by SIGABRT (-6); "
         "the run ended with errors"
     )
+
+
+def test_a_sigabrt_after_terminates_words_is_named_as_the_teardown_race_and_nothing_else_is() -> None:
+    note = teardown_note(1, -6, "terminate called without an active exception")
+    assert note is not None and note.startswith("rank 1 ended like torch's gloo teardown race")
+    assert teardown_note(1, -6, "  terminate called without an active exception\r") is not None
+    assert teardown_note(1, -6, "Fatal Python error: Aborted") is None  # another abort
+    assert teardown_note(1, -11, "terminate called without an active exception") is None  # not SIGABRT
+    assert teardown_note(1, 0, "terminate called without an active exception") is None
+    assert teardown_note(1, -6, "") is None
