@@ -38,6 +38,15 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else _escape(c) for c in text)
 
 
+def printable_lines(text: str) -> str:
+    """``text`` line by line through :func:`printable`, its own line breaks kept (a failure and
+    its ``fix:``); a line after the first is indented, so a peer's words cannot pass for a
+    line of the log's own (a forged timestamp)."""
+    first, *rest = text.split("\n")
+    indented = (line if line.startswith("    ") else "    " + line for line in rest)
+    return "\n".join([printable(first), *map(printable, indented)])
+
+
 def unprintable(text: str) -> str | None:
     """The first code point of ``text`` a terminal would act on, escaped; ``None`` when none is."""
     if text.isprintable():

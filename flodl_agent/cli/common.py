@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from ..config import ConfigError, Loaded, Problem, load_config
 from ..credentials import read_token
-from ..names import printable
+from ..names import printable_lines
 from ..options import OptionError
 
 PROJECT_FILE = Path("fdl.yml")
@@ -106,7 +106,7 @@ def project_file(explicit: Path | None = None) -> Path | None:
 
 def log(line: str) -> None:
     # A line may quote a peer (a refusal's reason, a host name): no markup, nothing a terminal acts on.
-    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(printable(line))}")
+    err.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {escape(printable_lines(line))}")
 
 
 def fail(command: str, message: str, fix: str | None = None, code: int = 2) -> NoReturn:

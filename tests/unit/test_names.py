@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from flodl_agent.address import AddressError, check_host, split_address
 from flodl_agent.messages import Hello
-from flodl_agent.names import HOST_NAME_MAX, name_problem, printable, shown
+from flodl_agent.names import HOST_NAME_MAX, name_problem, printable, printable_lines, shown
 
 # Every code point that rewrites what a terminal shows: C0, DEL, C1 (CSI among them), the line
 # and paragraph separators, the bidi embeddings, overrides, isolates and marks, zero width.
@@ -50,6 +50,15 @@ def test_printable_escapes_what_a_terminal_acts_on_and_names_refuse_it(char: str
 def test_printable_leaves_text_alone() -> None:
     for text in ["box-7", "Grüße", "日本", "a b", "[red]x[/red]", "😀"]:
         assert printable(text) == text
+
+
+def test_a_failure_keeps_its_fix_on_a_line_of_its_own_and_a_peer_forges_no_log_line() -> None:
+    assert printable_lines("refused: wrong key\n    fix: pass the token") == (
+        "refused: wrong key\n    fix: pass the token"  # a line break, not "\\x0a"
+    )
+    forged = printable_lines("refused: x\n01:30:56 admitted box-9\u202e")
+    assert forged == "refused: x\n    01:30:56 admitted box-9\\u202e"  # indented, and escaped within
+    assert printable_lines("one line") == "one line"
 
 
 def test_shown_cuts_a_huge_value_and_escapes_it() -> None:
