@@ -184,7 +184,7 @@ def check_trainer(work: Path, budget: float) -> dict[str, Any]:
 
 MIXED = ["0", "cpu:1"]  # a GPU walk-in and a CPU walk-in
 MIXED_PLAN = {"cpu_sync": 80, "cpu_cadence": 2000}  # the world's batches per mode
-WIDTH = 1024  # hidden width: enough work per batch that the GPU is the faster device
+WIDTH = 2048  # hidden width: work enough per batch that the GPU is clearly the faster device
 
 
 def check_mixed_world(work: Path, budget: float) -> dict[str, Any]:
