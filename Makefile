@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection typecheck unit fuzz lab-up lab-down clean
+.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection typecheck unit fuzz lab-up lab-down gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -77,6 +77,11 @@ lab-up: setup
 
 lab-down:
 	tests/lab/lab down
+
+# The wheels a GPU machine's image lacks (Python 3.12, manylinux), into the ignored .whl/
+# that travels with the checkout to it (bench/README.md: the one call there).
+gpu-wheels: setup
+	$(PY) -m bench.gpu_wheels
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -19,8 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def throughput(device: str, rounds: int) -> float:
-    """Batches per second of nccl_cadence on a world of one rank on ``device``."""
+def throughput(device: str, batches: int, mode: str = "nccl_cadence") -> float:
+    """Batches per second of ``mode`` (nccl_sync or nccl_cadence: NCCL on a GPU, gloo on the
+    CPU) on a world of one rank on ``device`` (cuda or cpu), over ``batches`` batches."""
     import torch
 
     from flodl_agent.train import ElCheConfig, Trainer
@@ -42,11 +43,11 @@ def throughput(device: str, rounds: int) -> float:
         data,
         lambda p: torch.optim.SGD(p, lr=1e-3),
         torch.nn.functional.mse_loss,
-        ElCheConfig.nccl_cadence(anchor=16),
+        ElCheConfig.nccl_sync() if mode == "nccl_sync" else ElCheConfig.nccl_cadence(anchor=16),
         batch_size=256,
     )
     start = time.perf_counter()
-    trainer.fit(rounds=rounds)
+    trainer.fit(batches=batches)
     seconds = time.perf_counter() - start  # fit tore its process group down
     return sum(r.batches for r in trainer.reports) / seconds
 
@@ -65,9 +66,9 @@ def main() -> None:
         cwd=ROOT,
         check=False,
     )
-    rounds = 10 if args.quick else 40
-    gpu = throughput("cuda", rounds)
-    cpu = throughput("cpu", rounds)
+    batches = 160 if args.quick else 640
+    gpu = throughput("cuda", batches)
+    cpu = throughput("cpu", batches)
     print(
         json.dumps(
             {
