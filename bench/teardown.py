@@ -15,7 +15,9 @@ A run is ``ok`` when every rank and the launcher exit 0; ``teardown`` when
 every rank wrote its result and then a rank or the launcher failed (the
 crash this measures: gloo's ``terminate called without an active
 exception``, SIGABRT); ``failed`` when a rank did not get as far as its
-result. ``--keep DIR`` keeps each failed run's output there.
+result; ``stopped`` when the launcher was signalled from outside (SIGINT or
+SIGTERM), which says nothing of the run. ``--keep DIR`` keeps the output of
+each run that was not ``ok`` there.
 
 The last line is one JSON object: per launcher, runs and counts by outcome,
 and ``ratio`` (fdl's teardown failures over torchrun's, both layouts summed
@@ -68,11 +70,14 @@ if variant in ("barrier", "destroy"):
 
 VARIANTS = ("destroy", "barrier", "exit")
 LAUNCHERS = ("torchrun", "fdl", "fdl-1")
+STOPPED = {130, 143, -2, -15}  # a launcher's exit after SIGINT or SIGTERM (fdl's 128 + n, Python's -n)
 
 
 def outcome(out: Path, codes: list[int]) -> str:
     if all(c == 0 for c in codes):
         return "ok"
+    if codes and codes[0] in STOPPED:
+        return "stopped"  # the launcher was signalled from outside: no outcome of the run's own
     return "teardown" if len(list(out.glob("result-*"))) == 2 else "failed"
 
 

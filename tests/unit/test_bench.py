@@ -82,3 +82,14 @@ def test_the_averaging_ratios_read_the_64_mb_rows() -> None:
     assert (got["shaped_ratio"], got["shaped_ratio_bf16"]) == (1.1, 2.2)
     assert averaging.summary(rows[:1], 10.0, "needs root")["shaped_ratio"] is None
     assert rows[0]["hub_gbps"] == round(64 * 2**20 / 0.1 / 1e9, 3)
+
+
+def test_a_teardown_run_is_classed_by_how_far_its_ranks_got_and_an_outside_stop_apart(tmp_path: Path) -> None:
+    from bench.teardown import outcome
+
+    assert outcome(tmp_path, [0, 0, 0]) == "ok"
+    assert outcome(tmp_path, [1, -6]) == "failed"  # no rank wrote its result
+    (tmp_path / "result-0").write_text("3")
+    (tmp_path / "result-1").write_text("3")
+    assert outcome(tmp_path, [1, 0, -6]) == "teardown"  # both results, then the abort
+    assert outcome(tmp_path, [143, 1, 1]) == "stopped"  # a SIGTERM from outside: not the run's
