@@ -372,10 +372,14 @@ class Codec:
 
     def _head_end(self, kind: int, length: int) -> int | None:
         """Where a bulk frame's map ends (its raw bytes start), once its length is in."""
-        if kind not in BLOB_KINDS or len(self._buffer) < HEADER.size + META.size:
+        if kind not in BLOB_KINDS:
+            return None
+        if length < META.size:  # found by the fuzzer: a frame too short to say its map's length
+            raise Dropped("payload", f"bulk frame of {length} bytes: too short for its map's length")
+        if len(self._buffer) < HEADER.size + META.size:
             return None
         (meta,) = META.unpack_from(self._buffer, HEADER.size)
-        if length < META.size or meta > length - META.size:
+        if meta > length - META.size:
             raise Dropped("payload", "bulk frame's map overruns the frame")
         if meta > CONTROL_MAX:
             raise Dropped("payload", f"bulk frame's map of {meta} bytes (cap {CONTROL_MAX})")

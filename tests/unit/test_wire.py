@@ -369,6 +369,18 @@ def test_a_bulk_frames_map_is_checked_before_its_raw_bytes_arrive() -> None:
         rx.next_frame()
 
 
+@pytest.mark.parametrize("length", [0, 1, 3])
+def test_a_bulk_frame_too_short_to_say_its_maps_length_is_a_bad_payload(length: int) -> None:
+    # The fuzzer's find: an authentic bulk frame of fewer than 4 bytes broke the map's unpacking.
+    payload = bytes(length)
+    tag = wire.Codec(KEY)._tag(0, wire.Kind.AVERAGE, payload, b"")
+    rx = wire.Codec(KEY)
+    rx.feed(wire.HEADER.pack(wire.MAGIC, wire.VERSION, wire.Kind.AVERAGE, length, tag) + payload)
+    with pytest.raises(wire.Dropped, match="too short for its map's length") as caught:
+        rx.next_frame()
+    assert caught.value.cause == "payload"
+
+
 @given(
     shared=st.dictionaries(
         st.text(max_size=8), st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20), max_size=20
