@@ -63,7 +63,7 @@ MOLECULE_SCENARIOS ?= controller worker
 test-molecule: setup
 	tests/lab/lab image
 	tests/lab/lab wheels
-	@echo "molecule: scenarios $(MOLECULE_SCENARIOS), each: create, check (bare), converge, idempotence, check (converged), verify"
+	@echo "molecule: scenarios $(MOLECULE_SCENARIOS), each: create, check (bare), converge, idempotence, verify"
 	cd tests && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" molecule test $(foreach s,$(MOLECULE_SCENARIOS),-s $(s))
 
 test: test-fast test-molecule test-lab

@@ -250,7 +250,9 @@ async def launch(
         await controller.finished.wait()
         if watcher is not None:
             watcher.cancel()
-        if controller.view.watched(WATCHED):
+        # Not after the operator's stop: a signal means now (systemd's stop, a relaunch that
+        # wants the port); the kept verdict answers status from here on.
+        if controller.view.watched(WATCHED) and stop.signal is None:
             await _linger(controller, options.linger)
     finally:
         stop.remove()

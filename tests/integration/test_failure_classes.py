@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -337,3 +338,32 @@ def test_an_amd_box_whose_devices_this_user_cannot_open_names_the_membership_fix
     assert denied.fix.startswith(f"sudo usermod -aG render,video {facts.user}, then log in again")
     (amd_box / ".dockerenv").write_text("")  # the same box inside a container: pass the devices
     assert "--device /dev/kfd --device /dev/dri" in amd_gaps(facts_as_outsider(amd_box))[1].fix
+
+
+def test_a_watched_launch_stopped_by_the_operator_does_not_linger_and_frees_its_port() -> None:
+    # A page or `fdl status --watch` keeps a finished launch serving its final phase (the
+    # linger); a signal means now: systemd's stop, or a relaunch that wants the port.
+    port = free_port()
+    join = {"discovery": True, "min_rank_start": 1, "target_ranks": 2, "join_timeout": 120}
+    cluster = ClusterBuilder().controller("127.0.0.1", port=port).join(**join).build()
+
+    async def scenario() -> int:
+        task = asyncio.ensure_future(launch(cluster, LaunchOptions(command=OK, linger=600.0), lambda _: None))
+        addr = f"127.0.0.1:{port}"
+
+        def watched() -> bool:
+            try:
+                return request(addr, "GET", "/state.json").status == 200
+            except Unreachable:
+                return False
+
+        while not await asyncio.to_thread(watched):  # polled: the launch counts as watched
+            await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # the launch's own handler takes it
+        return await asyncio.wait_for(task, 60)  # well inside the 600 s it would linger
+
+    assert asyncio.run(scenario()) == 128 + signal.SIGTERM
+    with socket.socket() as again:  # the port is free at once for the next launch (which reuses
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # addresses in TIME_WAIT, as it does)
+        again.bind(("127.0.0.1", port))
+        again.listen()
