@@ -35,7 +35,7 @@ from .join_protocol import Closed, Event, HelloReceived, JoinServer, KeyRefused,
 from .listener import Listener, Timeouts
 from .messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
 from .metrics import RankBoard
-from .names import safe_lines
+from .names import safe_lines, shown
 from .placement.fleet import PlacementError
 from .placement.parallel import check_world
 from .ranks import rank_span
@@ -336,7 +336,8 @@ class Controller:
             event = await next_event(reader, conn, self.timeouts.hello)
         except WrongKey as exc:
             writer.write(exc.reply)  # the box learns why, and stops
-            self._bad_key(peer, exc.host, WRONG_KEY_WORDS.format(host=exc.host))
+            host = shown(exc.host)  # unproven, and as long as a hello may be: cut for the log
+            self._bad_key(peer, host, WRONG_KEY_WORDS.format(host=host))
             return None
         if isinstance(event, KeyRefused):
             self._bad_key(peer, "", NO_KEY_WORDS)

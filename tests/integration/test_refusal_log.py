@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from flodl_agent import wire
 from flodl_agent.agent import PERMANENT, AgentFailure
 from flodl_agent.controller import Controller
 from flodl_agent.status import refusal_counts, render
@@ -53,6 +54,28 @@ def test_wrong_and_missing_keys_are_logged_once_a_minute_and_every_one_counted()
         await ctl.close()
 
     run(scenario)
+
+
+def test_a_huge_unproven_name_under_a_wrong_key_is_cut_in_the_log() -> None:
+    # A hello may be 64 KiB: its name is not proven yet, so the log quotes it cut, not whole.
+    lines: list[str] = []
+
+    async def scenario() -> None:
+        ctl = Controller(settings(token=TOKEN), log=lines.append)
+        await ctl.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
+        writer.write(wire.Channel.JOIN.value)
+        await reader.read(65536)  # the challenge; the hello below need not answer it
+        name = "x" * 40_000
+        writer.write(wire.Codec(bytes(16)).encode(wire.Kind.HELLO, {"host": name}))
+        assert await reader.read(65536) == wire.WRONG_KEY
+        writer.close()
+        await until(lambda: ctl.refused["bad_key"] == 1)
+        await ctl.close()
+
+    run(scenario)
+    (line,) = [line for line in lines if line.startswith("refused ")]
+    assert len(line) < 500 and "x…" in line, line[:200]
 
 
 def test_a_flood_of_refused_hellos_is_counted_exactly_and_logged_once() -> None:
