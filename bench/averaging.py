@@ -21,7 +21,14 @@ check that it builds, measures and leaves nothing behind).
 The last line is one JSON object: ``ratio`` (loopback, 2 ranks, 64 MB: gloo's
 seconds per round over the float32 hub's, higher is better), ``ratio_bf16``,
 ``ratio_4`` (the same at 4 ranks), ``shaped_ratio`` and ``shaped_ratio_bf16``
-(2 ranks, 64 MB, shaped).
+(2 ranks, 64 MB, shaped), and ``floor``: what any hub over authenticated TCP must
+spend on this box, measured in the same run (the kernel's CPU per byte of a
+loopback TCP stream, both ends, and Poly1305's speed), the loopback round that
+leaves when it runs on every core at once with nothing else (``hub_floor_s``),
+and gloo's round over it (``ratio_ceiling``). The hub moves 2 x ranks models
+through the kernel a round where a ring moves 2 x (ranks - 1), and tags each
+of them twice (sent, verified): on a box whose cores the ranks and agents
+share, that is the ceiling on ``ratio``, whatever the hub's own code does.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,9 +47,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives import poly1305
 
 from bench import netns
 from bench.walkins import AGENT, free_port, run_world
+from flodl_agent.hub import CHUNK
 
 ROUNDS = 5
 CONTROLLER_PORT = 29500  # a fresh namespace: nothing else listens there
@@ -172,6 +183,69 @@ def gloo_shaped(t: netns.Topology, ranks: int, numel: int, rounds: int = ROUNDS)
     return slowest(out)
 
 
+STREAM_SENDER = """
+import socket, sys
+n, piece = int(sys.argv[2]), 1 << 20
+data = memoryview(bytearray(piece))
+with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as s:
+    for _ in range(n // piece):
+        s.sendall(data)
+"""
+
+
+def socket_cpu_s_per_gb(nbytes: int = 256 << 20) -> float:
+    """CPU seconds (sender and receiver, user and kernel) a GB through a loopback TCP stream."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        mine = resource.getrusage(resource.RUSAGE_SELF)
+        sender = subprocess.Popen(
+            [sys.executable, "-c", STREAM_SENDER, str(server.getsockname()[1]), str(nbytes)]
+        )
+        conn, _ = server.accept()
+        with conn:
+            into, got = memoryview(bytearray(1 << 20)), 0
+            while got < nbytes and (n := conn.recv_into(into)):
+                got += n
+        sender.wait()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        end = resource.getrusage(resource.RUSAGE_SELF)
+
+    def cpu(a: resource.struct_rusage, b: resource.struct_rusage) -> float:
+        return b.ru_utime - a.ru_utime + b.ru_stime - a.ru_stime
+
+    return (cpu(before, after) + cpu(mine, end)) / (got / 1e9)
+
+
+def poly1305_gbps(nbytes: int = 64 << 20) -> float:
+    """Poly1305 over ``nbytes`` in the hub's pieces (one core: it holds the GIL)."""
+    data = np.ones(nbytes // 4, np.float32).data.cast("B")  # touched: no page faults timed
+    key = secrets.token_bytes(32)
+    piece = 4 * CHUNK
+    start = time.perf_counter()
+    for first in range(0, nbytes, piece):
+        poly1305.Poly1305.generate_tag(key, data[first : first + piece])
+    return nbytes / (time.perf_counter() - start) / 1e9
+
+
+def floor(
+    gloo_s: float | None, socket_s: float, mac_gbps: float, cores: int, ranks: int = 2, mb: int = 64
+) -> dict[str, Any]:
+    """The loopback round no hub over authenticated TCP beats on this box: every host's model
+    up and the average back down through the kernel (``socket_s`` CPU seconds a GB, both ends),
+    each tagged once and verified once (Poly1305 at ``mac_gbps``), spread over every core with
+    nothing else to do (no copies, no sums, no Python)."""
+    model = mb * 1024 * 1024 / 1e9  # GB
+    cpu = 2 * ranks * model * socket_s + 2 * 2 * ranks * model / mac_gbps
+    hub_floor = cpu / cores
+    return {
+        "socket_cpu_s_per_gb": round(socket_s, 3),
+        "poly1305_gbps": round(mac_gbps, 2),
+        "cores": cores,
+        "hub_floor_s": round(hub_floor, 4),
+        "ratio_ceiling": round(gloo_s / hub_floor, 3) if gloo_s else None,
+    }
+
+
 def memcpy_gbps(nbytes: int = 256 * 1024 * 1024) -> float:
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
@@ -263,6 +337,9 @@ def main() -> None:
     else:
         print(f"shaped network skipped: it {skipped}", flush=True)
     result = summary(rows, memcpy_gbps(), skipped)
+    gloo_2 = [r["gloo_s"] for r in rows if (r["net"], r["ranks"], r["model_mb"]) == ("loopback", 2, 64)]
+    if gloo_2:  # the ceiling on ``ratio``: what the kernel and the tags alone cost here
+        result["floor"] = floor(gloo_2[0], socket_cpu_s_per_gb(), poly1305_gbps(), os.cpu_count() or 1)
     result["shaped_namespaces"] = made  # what was built (and, by now, removed)
     print(json.dumps(result))
 

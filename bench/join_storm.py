@@ -43,6 +43,7 @@ import math
 import os
 import resource
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -424,9 +425,33 @@ async def run_storm(n: int, dial_concurrency: int, bound: bool = False) -> dict[
     overflows = None
     if overflows_before is not None and overflows_after is not None:
         overflows = overflows_after - overflows_before
+    send_us = send_floor_us()
     return summarize(watch, report, ok, rss_before, rss_peak, teardown_s, overflows) | {
-        "admission": "bound" if bound else "open"
+        "admission": "bound" if bound else "open",
+        # The fan-out's floor on this box: one send a host, whatever encodes the frames.
+        "send_us": round(send_us, 1),
+        "fanout_floor_ms": round(n * send_us / 1e3, 1),
     }
+
+
+def send_floor_us(pairs: int = 256, size: int = 300) -> float:
+    """Microseconds one small send costs on an established loopback TCP connection (a WorldFormed
+    frame's size; on loopback the kernel also does the receiving end's work in that call)."""
+    data = b"\0" * size
+    with socket.create_server(("127.0.0.1", 0), backlog=pairs) as server:
+        links = []
+        try:
+            for _ in range(pairs):
+                near = socket.create_connection(server.getsockname())
+                links.append((near, server.accept()[0]))
+            start = time.perf_counter()
+            for near, _ in links:
+                near.send(data)
+            return (time.perf_counter() - start) / pairs * 1e6
+        finally:
+            for near, far in links:
+                near.close()
+                far.close()
 
 
 def poll_detect(watch: Watch) -> float | None:
@@ -504,7 +529,7 @@ def describe(r: dict[str, Any]) -> str:
         f"n={r['n']}: admissions {na(r['admissions_per_s'])}/s; "
         f"formed {ms(r['formation_ms'])} after the last hello (admit {ms(r.get('admit_last_ms'))}, "
         f"fan-out {ms(r.get('fanout_ms'))} (CPU {ms(r.get('fanout_cpu_ms'))}), "
-        f"delivery {ms(r.get('deliver_ms'))}); "
+        f"delivery {ms(r.get('deliver_ms'))}; one send a host alone: {ms(r.get('fanout_floor_ms'))}); "
         f"20 ms poller: {ms(r['poll_detect_ms'])} to notice + the same = "
         f"{ms(r['baseline_poll_formation_ms'])} (ratio {na(r['ratio'])})",
         f"  /state.json p99 {ms(r['status_p99_ms'])}, max {ms(r['status_max_ms'])} "

@@ -26,6 +26,9 @@ def test_benchmark_quick_run_reports_json(name: str, args: list[str]) -> None:
     )
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["bench"] == name and report["ratio"] > 0
+    if name == "join_storm":  # the fan-out's floor, measured beside it: one send a host
+        (result,) = report["results"]
+        assert result["send_us"] > 0 and result["fanout_floor_ms"] == round(50 * result["send_us"] / 1e3, 1)
 
 
 def test_the_shaped_network_plan_shapes_both_ends_of_every_link() -> None:
@@ -82,6 +85,17 @@ def test_the_averaging_ratios_read_the_64_mb_rows() -> None:
     assert (got["shaped_ratio"], got["shaped_ratio_bf16"]) == (1.1, 2.2)
     assert averaging.summary(rows[:1], 10.0, "needs root")["shaped_ratio"] is None
     assert rows[0]["hub_gbps"] == round(64 * 2**20 / 0.1 / 1e9, 3)
+
+
+def test_the_averaging_floor_counts_four_models_through_the_kernel_and_eight_tag_passes() -> None:
+    from bench import averaging
+
+    # 2 ranks, 1000 MB: 4 GB through sockets at 1 s/GB and 8 GB of tags at 4 GB/s, on 2 cores
+    got = averaging.floor(1.5, socket_s=1.0, mac_gbps=4.0, cores=2, ranks=2, mb=1000)
+    gb = 1000 * 1024 * 1024 / 1e9
+    assert got["hub_floor_s"] == round((4 * gb + 8 * gb / 4.0) / 2, 4)
+    assert got["ratio_ceiling"] == round(1.5 / got["hub_floor_s"], 3)
+    assert averaging.floor(None, 1.0, 4.0, 2)["ratio_ceiling"] is None
 
 
 def test_a_teardown_run_is_classed_by_how_far_its_ranks_got_and_an_outside_stop_apart(tmp_path: Path) -> None:
