@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 import sys
 from typing import NoReturn
@@ -10,22 +11,53 @@ from typing import NoReturn
 import click
 
 from .. import __version__
-from .at_cluster import at_cluster
 from .common import err, pipe_safe_streams
-from .config import config
-from .deploy import deploy
-from .join import join_cmd
-from .launch import launch
-from .libtorch import libtorch
-from .nccl import nccl
-from .plan import placement, plan
-from .probe import probe
-from .publish import publish
-from .status import start, status
-from .tls import tls
+
+# Each command's module, imported when the command runs (or a help lists it): `fdl status`
+# need not load the controller, the agent and their libraries (a second a run, otherwise).
+COMMANDS = {
+    "config": ("config", "config"),
+    "launch": ("launch", "launch"),
+    "@": ("at_cluster", "at_cluster"),
+    "join": ("join", "join_cmd"),
+    "status": ("status", "status"),
+    "start": ("status", "start"),
+    "probe": ("probe", "probe"),
+    "libtorch": ("libtorch", "libtorch"),
+    "publish": ("publish", "publish"),
+    "deploy": ("deploy", "deploy"),
+    "tls": ("tls", "tls"),
+    "nccl": ("nccl", "nccl"),
+    "plan": ("plan", "plan"),
+    "placement": ("plan", "placement"),
+}
+
+
+class _Commands(click.Group):
+    """The `fdl` group, its commands loaded on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(f"{__package__}.{module}"), attr), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:  # click's hint reads the loaded ones alone
+            raise click.exceptions.NoSuchCommand(
+                exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx
+            ) from None
 
 
 @click.group(
+    cls=_Commands,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     invoke_without_command=True,
 )
@@ -67,25 +99,6 @@ def _close(ctx: click.Context, name: str) -> str:
 
 
 # click lists them by name, whatever the order here.
-for command in (
-    config,
-    launch,
-    at_cluster,
-    join_cmd,
-    status,
-    start,
-    probe,
-    libtorch,
-    publish,
-    deploy,
-    tls,
-    nccl,
-    plan,
-    placement,
-):
-    cli.add_command(command)
-
-
 def _internal_error(exc: BaseException) -> NoReturn:
     if os.environ.get("FDL_DEBUG"):
         raise exc

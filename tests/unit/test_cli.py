@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ from click.testing import CliRunner
 from flodl_agent import __version__, cli
 from flodl_agent.cli import common
 
+cli_main = importlib.import_module("flodl_agent.cli.main")  # the package's `main` is the entry point
+
 DATA = Path(__file__).parent.parent / "data"
 SEED = DATA / "seed-000.fdl.cluster.yml"
 
@@ -27,12 +30,33 @@ def run(*args: str) -> click.testing.Result:
 
 def all_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     found = [prefix]
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # fdl's own commands load on first use
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             found += all_commands(command, (*prefix, name))
         else:
             found.append((*prefix, name))
     return found
+
+
+def test_a_command_loads_only_its_own_module_and_every_listed_one_is_there() -> None:
+    # `fdl status` in a fresh interpreter: the controller and the agent stay unloaded
+    probe = (
+        "import sys; from click.testing import CliRunner; from flodl_agent.cli import cli; "
+        "r = CliRunner().invoke(cli, ['status', '--help']); assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in sys.modules if m.startswith('flodl_agent.')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "flodl_agent.cli.status" in loaded
+    assert "flodl_agent.controller" not in loaded and "flodl_agent.agent'" not in loaded
+    group = cli.cli
+    ctx = click.Context(group)
+    for name, (module, _) in cli_main.COMMANDS.items():
+        command = group.get_command(ctx, name)
+        assert command is not None and command.name == name
+        assert command.callback is None or command.callback.__module__ == f"flodl_agent.cli.{module}", name
 
 
 def test_version() -> None:
