@@ -63,7 +63,7 @@ MOLECULE_SCENARIOS ?= controller worker
 test-molecule: setup
 	tests/lab/lab image
 	tests/lab/lab wheels
-	@echo "molecule: scenarios $(MOLECULE_SCENARIOS), each: create, check (bare), converge, idempotence, verify"
+	@echo "molecule: scenarios $(MOLECULE_SCENARIOS); each one's steps are its molecule.yml's test_sequence (controller, worker: create, converge, idempotence, verify; check mode is the lab suite's)"
 	cd tests && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" molecule test $(foreach s,$(MOLECULE_SCENARIOS),-s $(s))
 
 test: test-fast test-molecule test-lab
