@@ -98,7 +98,6 @@ def _close(ctx: click.Context, name: str) -> str:
     return f" (did you mean `{close[0]}`?)" if close else ""
 
 
-# click lists them by name, whatever the order here.
 def _internal_error(exc: BaseException) -> NoReturn:
     if os.environ.get("FDL_DEBUG"):
         raise exc
