@@ -47,7 +47,11 @@ def _source(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
     if value is None or re.match(r"https?://[^/\s]+", value):
         return value
     where = Path(value).expanduser().absolute()
-    if not where.is_dir():
+    try:
+        found = where.is_dir()
+    except OSError:  # a name the file system cannot hold (too long for one path component)
+        found = False
+    if not found:
         raise click.BadParameter(
             f"`{value}` is neither an http(s):// index URL nor a directory",
             param_hint="--source",

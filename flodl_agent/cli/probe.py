@@ -138,10 +138,8 @@ def probe_cluster(cluster: Cluster, name: str, as_json: bool) -> NoReturn:
     raise SystemExit(0 if payload["ok"] else 1)
 
 
-def write_capture(dest: Path, config_file: Path | None, base: Path | None, as_json: bool) -> NoReturn:
-    """`fdl probe --capture DEST`: write it, list what is in it (what was missing, failed or cut)."""
-    from ..capture import capture
-
+def _check_capture_dest(dest: Path) -> None:
+    """A new FILE.tar.gz in a directory that exists, or a new or empty directory."""
     if dest.name.endswith((".tar.gz", ".tgz")):
         if dest.exists() or not dest.parent.is_dir():
             why = "exists" if dest.exists() else f"is in no directory ({dest.parent} does not exist)"
@@ -151,6 +149,18 @@ def write_capture(dest: Path, config_file: Path | None, base: Path | None, as_js
             f"{dest} exists and is not an empty directory; name a new one (or a FILE.tar.gz)",
             param_hint="--capture",
         )
+
+
+def write_capture(dest: Path, config_file: Path | None, base: Path | None, as_json: bool) -> NoReturn:
+    """`fdl probe --capture DEST`: write it, list what is in it (what was missing, failed or cut)."""
+    from ..capture import capture
+
+    try:
+        _check_capture_dest(dest)
+    except OSError as exc:  # a name the file system cannot hold (too long), a directory we cannot read
+        raise click.BadParameter(
+            f"{dest}: {exc.strerror or exc}; name another place", param_hint="--capture"
+        ) from None
     args = [
         *(["--config", str(config_file)] if config_file else []),
         *(["--base", str(base)] if base else []),

@@ -302,3 +302,22 @@ def test_a_network_discovery_window_nobody_can_enter_fails_check_and_launch(tmp_
         cli.cli, ["launch", "--config", str(tmp_path / "lo.yml"), "--bind", "0.0.0.0", "--", "true"]
     )
     assert moved.exit_code == 1 and "--bind 0.0.0.0 admits no walk-in" in moved.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["libtorch", "acquire", "cpu", "--source"], "--source"),
+        (["probe", "--capture"], "--capture"),
+        (["probe", "--capture", "x.tar.gz"], "--capture"),
+    ],
+)
+def test_a_path_too_long_for_the_file_system_is_a_usage_error_naming_the_flag(
+    argv: list[str], flag: str
+) -> None:
+    # found by the hostile-input suite: Path.is_dir raises ENAMETOOLONG rather than say no
+    long = "x" * 3000
+    args = [*argv[:-1], long + argv[-1]] if argv[-1].endswith(".tar.gz") else [*argv, long]
+    result = CliRunner().invoke(cli.cli, args)
+    assert result.exit_code == 2, result.output[-500:]
+    assert flag in result.output and "internal error" not in result.output
