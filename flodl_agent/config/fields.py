@@ -298,7 +298,10 @@ IfName = Annotated[str, AfterValidator(_ifname)]
 Env = Annotated[dict[str, str], BeforeValidator(_coerce_env), AfterValidator(_env)]
 Share = Annotated[float, AfterValidator(_share)]
 Port = Annotated[int, Field(ge=1, le=65535)]
-Seconds = Annotated[int, Field(gt=0)]
+# A year: past that a clock's float overflows somewhere (asyncio, threading), and no
+# window is meant to be held longer.
+MAX_SECONDS = 365 * 24 * 3600
+Seconds = Annotated[int, Field(gt=0, le=MAX_SECONDS)]
 Ranks = Annotated[int, Field(ge=1)]
 SshOption = Annotated[str, AfterValidator(_ssh_option)]
 Libtorch = Annotated[str, AfterValidator(_libtorch)]
