@@ -96,7 +96,7 @@ dist.destroy_process_group()
 
 def slowest(out: str) -> float:
     """The slowest rank's seconds per round (a round ends when every rank has it)."""
-    return max(json.loads(p.read_text()) for p in Path(out).iterdir())
+    return max(float(json.loads(p.read_text())) for p in Path(out).iterdir())
 
 
 def finish(procs: list[subprocess.Popen[bytes]], what: str, timeout: float = RUN_TIMEOUT) -> None:
@@ -270,7 +270,7 @@ def ratio(rows: list[dict[str, Any]], net: str, ranks: int, hub: str = "hub") ->
     """gloo's seconds over the hub's for the 64 MB case (higher is better); None if not run."""
     for r in rows:
         if (r["net"], r["ranks"], r["model_mb"]) == (net, ranks, 64) and f"{hub}_s" in r:
-            return round(r["gloo_s"] / r[f"{hub}_s"], 3)
+            return round(float(r["gloo_s"]) / float(r[f"{hub}_s"]), 3)
     return None
 
 

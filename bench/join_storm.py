@@ -201,7 +201,7 @@ async def walk_in(i: int, port: int, dials: asyncio.Semaphore, side: Walkins, ru
                 side.arrived()
                 feed(data)
 
-            reader.feed_data = arrival  # type: ignore[method-assign]
+            reader.feed_data = arrival  # type: ignore[method-assign,assignment]
         formed = await next_event(reader, client)
         await side.released.wait()
         if side.aborted:
@@ -366,8 +366,12 @@ async def run_storm(n: int, dial_concurrency: int, bound: bool = False) -> dict[
     overflows_before = listen_overflows()
     window = WindowConfig(quorum=n, target=n, join_timeout=600, max_join_timeout=1200, start="auto")
     token = secrets.token_hex(16) if bound else None
-    roster = {"roster": [name(i) for i in range(n)], "capacity": n} if bound else {}
-    ctl = Controller(Settings(window=window, command=["true"], port=0, token=token, **roster))
+    roster = [name(i) for i in range(n)] if bound else []
+    ctl = Controller(
+        Settings(
+            window=window, command=["true"], port=0, token=token, roster=roster, capacity=n if bound else None
+        )
+    )
     instrument(ctl, watch)
     await ctl.start()
     stop = asyncio.Event()

@@ -103,16 +103,19 @@ def fdl(steps: int, work: Path) -> tuple[float, float]:
     (work / "fdl.cluster.yml").write_text(json.dumps(cluster))
     bin_dir = Path(sys.executable).parent
     fdl_cmd = str(bin_dir / "fdl") if (bin_dir / "fdl").exists() else shutil.which("fdl") or "fdl"
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     started = time.perf_counter()
     launch = subprocess.Popen(
         [fdl_cmd, "launch", "--no-fanout", "--", sys.executable, str(work / "rank.py"), str(steps), str(out)],
         cwd=work,
-        **quiet,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     wait_for_window(work, fdl_cmd, launch)
     join = subprocess.Popen(
-        [fdl_cmd, "join", f"127.0.0.1:{port}", "--host", "bench", "--devices", "cpu:2"], cwd=work, **quiet
+        [fdl_cmd, "join", f"127.0.0.1:{port}", "--host", "bench", "--devices", "cpu:2"],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     codes = launch.wait(), join.wait()
     elapsed = time.perf_counter() - started

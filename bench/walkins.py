@@ -178,8 +178,8 @@ def main() -> None:
     if len(sys.argv) < 6 or sys.argv[1] != "serve" or sys.argv[5] != "--":
         sys.exit("usage: python -m bench.walkins serve BIND PORT RANKS -- COMMAND... (FDL_TOKEN in the env)")
     bind, port, ranks, command = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[6:]
-    where = {"bind": bind, "port": port, "token": os.environ.get("FDL_TOKEN") or None}
-    asyncio.run(serve(Controller(settings(command, ranks, **where)), announce=True))
+    token = os.environ.get("FDL_TOKEN") or None
+    asyncio.run(serve(Controller(settings(command, ranks, bind=bind, port=port, token=token)), announce=True))
 
 
 if __name__ == "__main__":

@@ -334,7 +334,8 @@ def test_controller_field_checks(field: str, value: str, fragment: str) -> None:
 @pytest.mark.parametrize("field", ["join_timeout", "max_join_timeout"])
 def test_window_seconds_are_capped_at_a_year(field: str) -> None:
     """A 400-digit timeout once reached asyncio's clock and overflowed there (exit 70)."""
-    text = f"cluster:\n  controller:\n    host: h\n    join:\n      {field}: {'9' * 400}\n  workers: [{{host: a}}]\n"
+    join = f"    join:\n      {field}: {'9' * 400}\n"
+    text = f"cluster:\n  controller:\n    host: h\n{join}  workers: [{{host: a}}]\n"
     p = only(problems_of(text), f"cluster.controller.join.{field}")
     assert "less than or equal to 31536000" in p.message and p.line == 5
 
