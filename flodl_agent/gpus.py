@@ -187,17 +187,20 @@ def by_vendor(gpus: list[Gpu], kfd: list[str]) -> tuple[dict[str, list[str]], di
 # --- the IO shell ---------------------------------------------------------------
 
 
-def tool_output(argv: list[str]) -> str:
+TOOL_OUTPUT_MAX = 1 << 20  # a vendor tool's listing of a box's GPUs is kilobytes
+
+
+def tool_output(argv: list[str], timeout: float = 20.0) -> str:
     """A vendor tool's stdout; "" when it is absent or fails (a box without that vendor)."""
-    import subprocess  # here, as torch below: the offer's pure gate imports this module's types
+    # Here, as torch below: the offer's pure gate imports this module's types.
+    from .capture_files import bounded_run
 
     if shutil.which(argv[0]) is None:
         return ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
-        if out.returncode == 0:
-            return out.stdout
-    return ""
+    # In a session of its own: a hung tool goes with every child it started (a wedged
+    # driver's nvidia-smi forks helpers that would outlive a plain timeout).
+    ran = bounded_run(argv, os.environ, timeout, TOOL_OUTPUT_MAX, apart=True)
+    return ran.out.decode(errors="replace") if ran.code == 0 and not ran.cut else ""
 
 
 def kfd_archs(root: Path = KFD_NODES) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import stat
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from flodl_agent.gpus import (
     parse_rocm,
     read_cards,
     read_torch,
+    tool_output,
 )
 
 NVIDIA = "0, NVIDIA A100-SXM4-80GB, 81920, 8.0\n1, NVIDIA GeForce RTX 4090, 24564, 8.9\n"
@@ -227,3 +229,33 @@ def test_a_bare_amd_box_lacks_the_runtime_and_the_device_nodes(tmp_path: Path) -
     bin_dir.mkdir()
     _tool(bin_dir, "rocminfo", "")
     assert amd_access(root, path=str(bin_dir)).runtime == [str(bin_dir / "rocminfo")]
+
+
+def _script(tmp_path: Path, body: str) -> str:
+    tool = tmp_path / "vendor-smi"
+    tool.write_text("#!/bin/sh\n" + body)
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def test_a_vendor_tools_listing_is_read(tmp_path: Path) -> None:
+    assert tool_output([_script(tmp_path, "echo 0, NVIDIA H200\n")]) == "0, NVIDIA H200\n"
+    assert tool_output([_script(tmp_path, "echo partial; exit 3\n")]) == ""  # a failed tool says nothing
+    assert tool_output([str(tmp_path / "absent-smi")]) == ""
+
+
+def test_a_hung_vendor_tool_goes_with_the_children_it_started(tmp_path: Path) -> None:
+    """A wedged driver's tool hangs with helpers of its own; cut, none of them outlives it.
+
+    Each of them holds a FIFO's write end: the read end sees EOF only once every one is gone."""
+    fifo = tmp_path / "held"
+    os.mkfifo(fifo)
+    read_end = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        tool = _script(tmp_path, f"exec 3>{fifo}\necho up >&3\nsleep 300 &\necho listing\nwait\n")
+        assert tool_output([tool], timeout=1.0) == ""
+        assert os.read(read_end, 64) == b"up\n"  # the tool and its child ran
+        readable, _, _ = select.select([read_end], [], [], 30)
+        assert readable and os.read(read_end, 64) == b""  # and no writer is left
+    finally:
+        os.close(read_end)
