@@ -24,7 +24,7 @@ class HelloReceived:
 
 @dataclass(frozen=True)
 class KeyRefused:
-    """Server: the walk-in says the challenge is bound and it holds no key (``wire.NO_KEY``).
+    """Server: the walk-in says the challenge is bound and it holds no key (``preamble.NO_KEY``).
     Unproven, like everything before a hello: count it, log it."""
 
 

@@ -12,13 +12,13 @@ The exchange::
     agent                                   controller
       "FLJ1"                   ──>
                                <──          Challenge {nonce, bound}   (under zeros)
-                                            (or wire.RATE_LIMITED, then close: the dial guard said no)
+                                            (or preamble.RATE_LIMITED, then close: the dial guard said no)
       Hello {nonce echoed, client_nonce, host, devices, …}  ──>
                                             (bound: tagged with the host key of the name it gives)
-      (or wire.NO_KEY, then close: the challenge is bound and this box holds no key)
+      (or preamble.NO_KEY, then close: the challenge is bound and this box holds no key)
                                <──          Accept {ranks, salt?}  |  Reject {reason, fix, permanent}
                                             (under that host key: the controller proves it holds it)
-                                            (or wire.WRONG_KEY, then close: the tag did not verify)
+                                            (or preamble.WRONG_KEY, then close: the tag did not verify)
       ── both sides rekey: connection_key(host key | open: salt, server nonce, client nonce) ──
                                <──          WorldFormed {…} | Abort {reason}
       Heartbeat / Stream / Average / RankExited  <──>  Stream / Averaged / Abort
@@ -39,7 +39,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from . import wire
+from . import preamble, wire
 from .join_events import Aborted as Aborted
 from .join_events import Accepted as Accepted
 from .join_events import Challenged as Challenged
@@ -73,7 +73,7 @@ class WrongKey(wire.Dropped):
     A bad dial like any bad tag (counted, charged), except that ``reply`` goes out first: an
     honest box holding a stale or another host's key learns why and stops."""
 
-    reply = wire.WRONG_KEY
+    reply = preamble.WRONG_KEY
 
     def __init__(self, host: str) -> None:
         super().__init__("tag", f"the hello does not verify under the key of host {host}")
@@ -81,7 +81,7 @@ class WrongKey(wire.Dropped):
 
 
 def wrong_key(host: str) -> Reject:
-    """What a box reads in ``wire.WRONG_KEY``: its key is not the key of the name it gave."""
+    """What a box reads in ``preamble.WRONG_KEY``: its key is not the key of the name it gave."""
     return Reject(
         reason=f"the controller cannot verify this box's hello under the key of host {host}: "
         "this box's key was derived for another name, or from another token",
@@ -96,7 +96,7 @@ class JoinError(Exception):
     """The controller's side of the handshake makes no sense to this box.
 
     ``permanent`` when no re-dial can fix it (this box holds no key); ``reply``: bytes
-    to send the controller before hanging up (``wire.NO_KEY``, so the refusal is counted there)."""
+    to send the controller before hanging up (``preamble.NO_KEY``, so the refusal is counted there)."""
 
     def __init__(self, message: str, fix: str = "", *, permanent: bool = False, reply: bytes = b"") -> None:
         super().__init__(message)
@@ -213,8 +213,8 @@ class JoinServer(_Side):
             super().receive_data(data)
             return
         opening += data
-        self._notice = opening.startswith(wire.NO_KEY)
-        if not self._notice and wire.NO_KEY.startswith(opening):
+        self._notice = opening.startswith(preamble.NO_KEY)
+        if not self._notice and preamble.NO_KEY.startswith(opening):
             return  # still a prefix of the notice: wait for the rest
         self._opening = None
         if not self._notice:
@@ -318,7 +318,7 @@ class JoinClient(_Side):
     @staticmethod
     def start() -> bytes:
         """The preamble that asks for the join channel."""
-        return wire.Channel.JOIN.value
+        return preamble.Channel.JOIN.value
 
     def receive_data(self, data: wire.Blob) -> None:
         if data and (self.state is State.CHALLENGE or self._screening):
@@ -359,10 +359,10 @@ class JoinClient(_Side):
 
     def _challenge(self) -> Event | _NeedData:
         pending = self._pending
-        if pending[: len(wire.RATE_LIMITED)] == wire.RATE_LIMITED:
+        if pending[: len(preamble.RATE_LIMITED)] == preamble.RATE_LIMITED:
             self.state = State.REFUSED
             return Refused(RATE_LIMITED)
-        if bytes(pending[:2]) in wire.TLS_RECORDS:
+        if bytes(pending[:2]) in preamble.TLS_RECORDS:
             raise JoinError("this controller speaks TLS: pin its certificate", TLS_FIX, permanent=True)
         if len(pending) >= wire.HEADER.size:
             length = wire.HEADER.unpack_from(pending)[3]
@@ -398,7 +398,7 @@ class JoinClient(_Side):
                 "the controller requires a join key and this box has none",
                 "pass the run's join.token (FDL_TOKEN, --token -, or join.token in fdl.yml)",
                 permanent=True,
-                reply=wire.NO_KEY,  # so the controller logs and counts why this box hangs up
+                reply=preamble.NO_KEY,  # so the controller logs and counts why this box hangs up
             )
         if not challenge.bound and self.key is not None:
             # Anyone can send an open challenge: a box that holds a key would be admitted by an
@@ -449,10 +449,10 @@ class JoinClient(_Side):
     def _answer(self) -> Event | _NeedData:
         if self._screening:
             pending = bytes(self._pending)
-            if pending[: len(wire.WRONG_KEY)] == wire.WRONG_KEY:
+            if pending[: len(preamble.WRONG_KEY)] == preamble.WRONG_KEY:
                 self.state = State.REFUSED
                 return Refused(wrong_key(self.host))
-            if wire.WRONG_KEY.startswith(pending) and not self._eof:
+            if preamble.WRONG_KEY.startswith(pending) and not self._eof:
                 return NEED_DATA  # it may still be the marker
             self._screening, self._pending = False, bytearray()
             self.codec.feed(pending)

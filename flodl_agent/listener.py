@@ -1,6 +1,6 @@
 """The controller's one port: accept, gate, (TLS), pick the channel, hand the connection on.
 
-Every connection opens with 4 bytes that pick its channel (``wire.classify``):
+Every connection opens with 4 bytes that pick its channel (``preamble.classify``):
 the join channel goes to the controller's handshake, an HTTP method to the
 status surface, anything else is a bad dial. Before any of that — before a TLS
 handshake too — the ``admission.Gate`` decides whether this peer is served at all
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import http_surface, wire
+from . import http_surface, preamble, wire
 from .accept import Acceptor, bind, raise_fd_limit
 from .address import is_loopback
 from .admission import Gate
@@ -190,7 +190,7 @@ class Listener:
             return
         if not self.gate.guard.allow(peer, now):
             # The dialler learns why, for the price of one send: a TLS client reads an alert.
-            _send_and_close(sock, wire.TLS_DENIED_ALERT if self.tls else wire.RATE_LIMITED)
+            _send_and_close(sock, preamble.TLS_DENIED_ALERT if self.tls else preamble.RATE_LIMITED)
             self.say("drop", (peer, "rate_limited"), f"turned {peer} away: rate-limited after bad dials")
             return
         sock.close()
@@ -239,8 +239,8 @@ class Listener:
             if not first:
                 return None  # hung up before a byte
             if first[:1] != b"\x16":  # not a TLS handshake: a cleartext dial on the TLS port
-                http = wire.classify(first) is wire.Channel.HTTP
-                _send_and_close(sock, _CLEARTEXT_HTTP if http else wire.TLS_CLEARTEXT_ALERT)
+                http = preamble.classify(first) is preamble.Channel.HTTP
+                _send_and_close(sock, _CLEARTEXT_HTTP if http else preamble.TLS_CLEARTEXT_ALERT)
                 self.bad(peer, "cleartext")
                 return None
         reader = asyncio.StreamReader(limit=wire.CONTROL_MAX, loop=loop)
@@ -266,11 +266,11 @@ class Listener:
         if self.tls is None:
             self.cleartext(peer)
         try:
-            preamble = await asyncio.wait_for(reader.readexactly(4), self.timeouts.preamble)
-            channel = wire.classify(preamble)
-            if channel is wire.Channel.HTTP:
+            first = await asyncio.wait_for(reader.readexactly(4), self.timeouts.preamble)
+            channel = preamble.classify(first)
+            if channel is preamble.Channel.HTTP:
                 await http_surface.serve(
-                    preamble,
+                    first,
                     reader,
                     writer,
                     peer,
@@ -280,7 +280,7 @@ class Listener:
                     clock=self.clock,
                     policy=self.hosts,
                 )
-            elif channel is wire.Channel.JOIN:
+            elif channel is preamble.Channel.JOIN:
                 await self.on_join(reader, writer, peer, settle)
             else:
                 self.bad(peer, "channel")  # rendezvous, data and control ride the admitted join link

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from rich.table import Table
 from rich.text import Text
 
-from . import wire
+from . import preamble
 from .address import join_address, split_address
 from .names import printable
 from .pin import PinMismatch, check_pin
@@ -84,7 +84,9 @@ def request(
     except PinMismatch as exc:
         raise Unreachable(exc.render()) from None
     except (OSError, http.client.HTTPException) as exc:
-        rate_limited = isinstance(exc, http.client.BadStatusLine) and str(exc).encode() == wire.RATE_LIMITED
+        rate_limited = (
+            isinstance(exc, http.client.BadStatusLine) and str(exc).encode() == preamble.RATE_LIMITED
+        )
         if rate_limited or turned_away(exc):
             raise Unreachable(
                 f"the controller at {addr} rate-limits this address after bad requests (a wrong token?): wait"

@@ -48,7 +48,7 @@ def client_context() -> ssl.SSLContext:
 
 def turned_away(exc: BaseException) -> bool:
     """The controller's dial guard turned this TLS dial away: its access_denied alert, sent
-    before any handshake for the cost of one send (a cleartext dial reads ``wire.RATE_LIMITED``)."""
+    before any handshake for the cost of one send (a cleartext dial reads ``preamble.RATE_LIMITED``)."""
     return isinstance(exc, ssl.SSLError) and exc.reason == "TLSV1_ALERT_ACCESS_DENIED"
 
 

@@ -2,8 +2,8 @@
 
 Every connection to the controller opens with 4 bytes that pick its channel —
 ``FLJ1`` join, ``FLR1`` rendezvous, ``FLD1`` data, ``FLC1`` control — or an
-HTTP method for the status surface. After the preamble, both directions
-carry frames::
+HTTP method for the status surface (:mod:`.preamble`). After the preamble,
+both directions carry frames::
 
     magic "FL" | version u8 | kind u8 | length u32 | tag 32 bytes | payload
 
@@ -34,7 +34,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from enum import Enum, IntEnum
+from enum import IntEnum
 from typing import Any
 
 import msgpack
@@ -58,53 +58,6 @@ LINK_MAX = 1 << 30  # an admitted link: one frame of parameters, a 256M-paramete
 META = struct.Struct(">I")
 BIG = 1 << 20  # payloads above this are received into one buffer of their final size
 DIRECT = 64 * 1024  # bulk frames' raw bytes above this go straight to their destination (``Codec.direct``)
-
-
-class Channel(Enum):
-    JOIN = b"FLJ1"
-    RENDEZVOUS = b"FLR1"
-    DATA = b"FLD1"
-    CONTROL = b"FLC1"
-    HTTP = b"HTTP"  # not a preamble: any of HTTP_METHODS
-
-
-# What a peer the dial guard turns away reads instead of a challenge: fixed bytes, so a flood
-# of refused connections costs one send each (no allocation, no crypto), and never a frame
-# ("FL" and then no protocol version).
-RATE_LIMITED = b"FL!rate-limited\n"
-
-# What a box reads instead of an answer when its hello does not verify under the key of the
-# host it names (another host's key, or one from before the token changed): fixed bytes like
-# RATE_LIMITED, so the box can say why and stop, and a flood of them costs one send each.
-WRONG_KEY = b"FL!wrong-key\n"
-
-# What a walk-in sends instead of a hello when the challenge is bound (the run needs a key)
-# and it holds none, so the controller can log and count the refusal (``bad_key``) instead
-# of seeing a silent hang-up. It proves nothing. (A wrong key is caught by the controller
-# itself: its hello does not verify, and the box reads WRONG_KEY.)
-NO_KEY = b"FL?no-key\n"
-
-# TLS records begin with a content type (0x15 alert, 0x16 handshake) and major version 3:
-# what a cleartext walk-in reads where a challenge should be when the port speaks TLS.
-TLS_RECORDS = (b"\x15\x03", b"\x16\x03")
-# Fatal alerts the controller sends in cleartext before any handshake: to a cleartext dial on
-# its TLS port (protocol_version), and to a TLS dial the dial guard turns away (access_denied).
-TLS_CLEARTEXT_ALERT = b"\x15\x03\x03\x00\x02\x02\x46"
-TLS_DENIED_ALERT = b"\x15\x03\x03\x00\x02\x02\x31"
-
-# The first four bytes of every HTTP method: the status surface answers the others 405.
-HTTP_METHODS = frozenset({b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"PATC", b"OPTI"})
-
-
-def classify(preamble: bytes) -> Channel | None:
-    """The channel a connection asked for, or ``None`` for junk."""
-    if preamble in HTTP_METHODS:
-        return Channel.HTTP
-    try:
-        channel = Channel(preamble)
-    except ValueError:
-        return None
-    return None if channel is Channel.HTTP else channel
 
 
 class Kind(IntEnum):

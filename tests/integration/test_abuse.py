@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from flodl_agent import wire
+from flodl_agent import preamble, wire
 from flodl_agent.agent import TRANSIENT, AgentFailure, AgentOptions, join_once
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
@@ -127,7 +127,7 @@ async def junk(port: int, rounds: int) -> None:
         with contextlib.suppress(OSError, ConnectionError):
             reader, writer = await asyncio.open_connection(REMOTE, port)
             writer.write(
-                [b"XXXX", wire.Channel.JOIN.value + os.urandom(64), b"GET /" + os.urandom(32)][i % 3]
+                [b"XXXX", preamble.Channel.JOIN.value + os.urandom(64), b"GET /" + os.urandom(32)][i % 3]
             )
             await writer.drain()
             await asyncio.wait_for(reader.read(), 10)
@@ -307,7 +307,7 @@ def live() -> Iterator[tuple[Controller, asyncio.AbstractEventLoop, list[dict[st
 def _exchange(port: int, first: bytes, then: Callable[[bytes], bytes] | None = None) -> bytes:
     """Send ``first`` after the join preamble (and ``then(challenge)``); what came back until close."""
     with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
-        s.sendall(wire.Channel.JOIN.value + first)
+        s.sendall(preamble.Channel.JOIN.value + first)
         got = b""
         if then is not None:
             while len(got) < wire.HEADER.size or len(got) < wire.HEADER.size + _length(got):

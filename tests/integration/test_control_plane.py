@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from flodl_agent import wire
+from flodl_agent import preamble, wire
 from flodl_agent.agent import PERMANENT, TRANSIENT, AgentFailure, join
 from flodl_agent.controller import Controller
 from flodl_agent.controller_settings import Settings
@@ -168,11 +168,11 @@ def test_token_run_admits_the_right_key_and_turns_a_wrong_one_away_for_good() ->
         # a peer that ignores the challenge's bound flag and says hello under zeros: counted as a
         # bad key, and told so in fixed bytes before the hang-up
         reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
-        writer.write(wire.Channel.JOIN.value)
+        writer.write(preamble.Channel.JOIN.value)
         assert await reader.read(65536)  # the challenge
         forged = wire.Codec(bytes(16))
         writer.write(forged.encode(wire.Kind.HELLO, {"host": "x"}))
-        assert await reader.read(65536) == wire.WRONG_KEY
+        assert await reader.read(65536) == preamble.WRONG_KEY
         assert await reader.read(65536) == b""
         writer.close()
         await until(lambda: ctl.refused["bad_key"] == 2)
@@ -189,7 +189,7 @@ async def _raw_hello(port: int, key: bytes, host: str, nonce: bytes | None = Non
     """A hand-driven join holding the run key ``key``: returns the hello bytes sent (tagged with
     ``host``'s key) and whatever came back."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(wire.Channel.JOIN.value)
+    writer.write(preamble.Channel.JOIN.value)
     codec = wire.Codec(wire.OPEN_KEY)
     codec.feed(await reader.read(65536))
     frame = codec.next_frame()
@@ -221,7 +221,7 @@ def test_a_captured_hello_cannot_be_replayed_on_another_connection() -> None:
         assert ctl.window.joined_ranks == 1
         # replay the exact bytes on a fresh connection: the challenge differs
         reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
-        writer.write(wire.Channel.JOIN.value + sent)
+        writer.write(preamble.Channel.JOIN.value + sent)
         assert await reader.read(65536) != b""  # the challenge arrives
         assert await reader.read(65536) == b""  # then the connection is dropped without a reply
         writer.close()
@@ -237,7 +237,7 @@ def test_a_tampered_frame_is_dropped() -> None:
         ctl = Controller(settings(start="manual", quorum=5, target=None, token=TOKEN))
         await ctl.start()
         reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
-        writer.write(wire.Channel.JOIN.value)
+        writer.write(preamble.Channel.JOIN.value)
         codec = wire.Codec(wire.OPEN_KEY)
         codec.feed(await reader.read(65536))
         frame = codec.next_frame()
@@ -249,7 +249,7 @@ def test_a_tampered_frame_is_dropped() -> None:
         data = bytearray(codec.encode(wire.Kind.HELLO, hello.model_dump()))
         data[-3] ^= 0x01
         writer.write(bytes(data))
-        assert await reader.read(65536) == wire.WRONG_KEY  # a bad tag, whatever made it bad
+        assert await reader.read(65536) == preamble.WRONG_KEY  # a bad tag, whatever made it bad
         assert await reader.read(65536) == b""
         writer.close()
         await until(lambda: ctl.refused["bad_key"] == 1)
@@ -263,7 +263,7 @@ def test_junk_channels_and_garbage_are_dropped_and_counted() -> None:
     async def scenario() -> None:
         ctl = Controller(settings(start="manual", quorum=5, target=None))
         await ctl.start()
-        for junk in (b"XXXX", wire.Channel.JOIN.value + b"\x00" * 64):
+        for junk in (b"XXXX", preamble.Channel.JOIN.value + b"\x00" * 64):
             reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
             writer.write(junk)
             await reader.read(65536)

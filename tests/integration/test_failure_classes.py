@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent import wire
+from flodl_agent import preamble
 from flodl_agent.admission import DialGuard
 from flodl_agent.agent import PERMANENT, TRANSIENT, AgentOptions, join
 from flodl_agent.config import ClusterBuilder, DeviceOffer
@@ -117,7 +117,7 @@ def test_a_rate_limited_box_is_told_so_for_the_cost_of_one_send_and_re_dials() -
             writer.close()
         await until(lambda: ctl.dropped["channel"] == 3)
         reader, writer = await asyncio.open_connection(REMOTE, ctl.port)
-        assert await reader.read() == wire.RATE_LIMITED  # the fixed marker, then the close
+        assert await reader.read() == preamble.RATE_LIMITED  # the fixed marker, then the close
         writer.close()
 
         logs: list[str] = []

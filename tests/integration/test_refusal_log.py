@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from flodl_agent import wire
+from flodl_agent import preamble, wire
 from flodl_agent.agent import PERMANENT, AgentFailure
 from flodl_agent.controller import Controller
 from flodl_agent.status import refusal_counts, render
@@ -64,11 +64,11 @@ def test_a_huge_unproven_name_under_a_wrong_key_is_cut_in_the_log() -> None:
         ctl = Controller(settings(token=TOKEN), log=lines.append)
         await ctl.start()
         reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
-        writer.write(wire.Channel.JOIN.value)
+        writer.write(preamble.Channel.JOIN.value)
         await reader.read(65536)  # the challenge; the hello below need not answer it
         name = "x" * 40_000
         writer.write(wire.Codec(bytes(16)).encode(wire.Kind.HELLO, {"host": name}))
-        assert await reader.read(65536) == wire.WRONG_KEY
+        assert await reader.read(65536) == preamble.WRONG_KEY
         writer.close()
         await until(lambda: ctl.refused["bad_key"] == 1)
         await ctl.close()

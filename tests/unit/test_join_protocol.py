@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from flodl_agent import wire
+from flodl_agent import preamble, wire
 from flodl_agent.join_protocol import (
     NEED_DATA,
     RATE_LIMITED,
@@ -84,7 +84,7 @@ def test_a_walk_in_is_admitted_and_both_sides_speak_the_connection_key(
     make_server: Any, key: bytes | None, chunk: int | None
 ) -> None:
     server, client = make_server(), JoinClient(key)
-    assert client.start() == wire.Channel.JOIN.value
+    assert client.start() == preamble.Channel.JOIN.value
     [challenged] = events(client, server.start(), chunk)
     assert isinstance(challenged, Challenged)
     [hello] = events(server, client.hello(HELLO), chunk)
@@ -137,7 +137,7 @@ def test_a_box_without_a_key_fails_permanently_and_says_so_before_any_hello() ->
     assert caught.value.permanent and "join.token" in caught.value.fix
     assert client.state is State.CHALLENGE  # no hello was said
     # It tells the controller why it hangs up, so the refusal is logged and counted there.
-    assert caught.value.reply == wire.NO_KEY
+    assert caught.value.reply == preamble.NO_KEY
     assert events(server, caught.value.reply, chunk=2) == [KeyRefused(), Closed()]
     assert server.state is State.REFUSED
 
@@ -146,7 +146,7 @@ def test_a_hello_that_merely_starts_like_the_no_key_notice_is_still_a_hello() ->
     server, client = token_server(), JoinClient(BOX_A)
     events(client, server.start())
     hello = client.hello(HELLO)
-    assert hello[:2] == wire.NO_KEY[:2]  # "FL": held until the third byte tells them apart
+    assert hello[:2] == preamble.NO_KEY[:2]  # "FL": held until the third byte tells them apart
     [received] = events(server, hello, chunk=1)
     assert isinstance(received, HelloReceived) and received.hello.host == "box-a"
 
@@ -212,7 +212,7 @@ def test_a_bound_hello_that_names_no_host_or_is_not_a_hello_is_dropped() -> None
 
 
 @pytest.mark.parametrize(
-    "record", [wire.TLS_CLEARTEXT_ALERT, wire.TLS_DENIED_ALERT, b"\x16\x03\x03\x00\x7a\x02"]
+    "record", [preamble.TLS_CLEARTEXT_ALERT, preamble.TLS_DENIED_ALERT, b"\x16\x03\x03\x00\x7a\x02"]
 )
 def test_a_tls_record_where_the_challenge_should_be_says_pin_the_certificate(record: bytes) -> None:
     with pytest.raises(JoinError) as caught:
@@ -238,15 +238,15 @@ def test_a_refusal_reaches_the_client_by_name() -> None:
     assert server.state is client.state is State.REFUSED
 
 
-@pytest.mark.parametrize("split", [len(wire.RATE_LIMITED), 3])
+@pytest.mark.parametrize("split", [len(preamble.RATE_LIMITED), 3])
 def test_a_rate_limited_dial_reads_a_transient_refusal_instead_of_a_challenge(split: int) -> None:
     """The dial guard's fixed marker, whole or in pieces: known as soon as it is whole, so a
     reset behind the close cannot hide it."""
     client = JoinClient(TOKEN)
-    told = events(client, wire.RATE_LIMITED[:split])
-    if split < len(wire.RATE_LIMITED):
+    told = events(client, preamble.RATE_LIMITED[:split])
+    if split < len(preamble.RATE_LIMITED):
         assert told == []  # a piece of it is not yet anything
-        told = events(client, wire.RATE_LIMITED[split:])
+        told = events(client, preamble.RATE_LIMITED[split:])
     assert told == [Refused(RATE_LIMITED), Closed()]  # nothing more comes
     assert not RATE_LIMITED.permanent and "rate-limited" in RATE_LIMITED.reason
     assert client.state is State.REFUSED

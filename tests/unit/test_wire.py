@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flodl_agent import wire
+from flodl_agent import preamble, wire
 
 KEY = bytes(range(16))
 
@@ -126,23 +126,23 @@ def test_payloads_must_be_maps_without_extension_types() -> None:
 
 
 @pytest.mark.parametrize(
-    ("preamble", "channel"),
+    ("first", "channel"),
     [
-        (b"FLJ1", wire.Channel.JOIN),
-        (b"FLR1", wire.Channel.RENDEZVOUS),
-        (b"FLD1", wire.Channel.DATA),
-        (b"FLC1", wire.Channel.CONTROL),
-        (b"GET ", wire.Channel.HTTP),
-        (b"POST", wire.Channel.HTTP),
+        (b"FLJ1", preamble.Channel.JOIN),
+        (b"FLR1", preamble.Channel.RENDEZVOUS),
+        (b"FLD1", preamble.Channel.DATA),
+        (b"FLC1", preamble.Channel.CONTROL),
+        (b"GET ", preamble.Channel.HTTP),
+        (b"POST", preamble.Channel.HTTP),
         (b"HTTP", None),
         (b"\x00\x00\x00\x00", None),
-        (b"PUT ", wire.Channel.HTTP),  # answered 405 by the status surface
-        (b"OPTI", wire.Channel.HTTP),
+        (b"PUT ", preamble.Channel.HTTP),  # answered 405 by the status surface
+        (b"OPTI", preamble.Channel.HTTP),
         (b"PUTS", None),
     ],
 )
-def test_preamble_selects_the_channel(preamble: bytes, channel: wire.Channel | None) -> None:
-    assert wire.classify(preamble) is channel
+def test_preamble_selects_the_channel(first: bytes, channel: preamble.Channel | None) -> None:
+    assert preamble.classify(first) is channel
 
 
 @settings(max_examples=400, deadline=None)
