@@ -197,8 +197,8 @@ def tool_output(argv: list[str], timeout: float = 20.0) -> str:
 
     if shutil.which(argv[0]) is None:
         return ""
-    # In a session of its own: a hung tool goes with every child it started (a wedged
-    # driver's nvidia-smi forks helpers that would outlive a plain timeout).
+    # In a session of its own: cut, a hung tool goes with every child it started, so none of
+    # them holds the pipe open past the timeout (subprocess.run would wait on it).
     ran = bounded_run(argv, os.environ, timeout, TOOL_OUTPUT_MAX, apart=True)
     return ran.out.decode(errors="replace") if ran.code == 0 and not ran.cut else ""
 
