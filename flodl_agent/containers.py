@@ -256,6 +256,11 @@ class ComposeRanks:
         self.launch = world.launch
         self.live: dict[int, str] = {}  # rank -> its container, until removed
         self.clients: list[asyncio.subprocess.Process] = []
+        # A rank's own removal, in flight: stop() waits for it. Cut mid-way (its task cancelled
+        # when the agent exits, which kills the engine command), it left the container behind
+        # while stop()'s removal of the same name failed beside it.
+        self._removing: set[asyncio.Future[str | None]] = set()
+        self._stopping = False  # stop() began: it removes every container itself
 
     def _shim(self, directory: Path) -> Path | None:
         podman = shutil.which("podman", path=self.env.get("PATH"))
@@ -317,12 +322,17 @@ class ComposeRanks:
             return client_code
         engine = self.project.provider.engine
         inspected = await _engine(inspect_argv(engine, name), self.env)
-        await _engine(remove_argv(engine, [name]), self.env)
-        self.live.pop(rank, None)  # only now: a cancelled read leaves it to stop()
+        if not self._stopping:
+            removal = asyncio.ensure_future(_engine(remove_argv(engine, [name]), self.env))
+            self._removing.add(removal)
+            removal.add_done_callback(self._removing.discard)
+            await asyncio.shield(removal)  # cancelled, this rank still goes; stop() waits for it
+            self.live.pop(rank, None)  # only now: a cancelled read leaves it to stop()
         return exit_code(inspected, client_code)
 
     async def stop(self, grace: float) -> None:
         """Stop and remove every container still there; clients that outlive theirs are killed."""
+        self._stopping = True
         names = list(self.live.values())
         engine = self.project.provider.engine
         if names:
@@ -331,6 +341,8 @@ class ComposeRanks:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)  # no client may create a container now
+        # A rank's own removal goes first: two removals of one container collide in the engine.
+        await asyncio.gather(*self._removing, return_exceptions=True)
         if names:
             # Also whatever a client created after the stop above (a rank that was still starting).
             await _engine(remove_argv(engine, names), self.env)
