@@ -257,8 +257,8 @@ class ComposeRanks:
         self.live: dict[int, str] = {}  # rank -> its container, until removed
         self.clients: list[asyncio.subprocess.Process] = []
         # A rank's own removal, in flight: stop() waits for it. Cut mid-way (its task cancelled
-        # when the agent exits, which kills the engine command), it left the container behind
-        # while stop()'s removal of the same name failed beside it.
+        # when the agent exits, and asyncio kills the engine command with its transport), it can
+        # leave the container behind while stop()'s removal of the same name fails beside it.
         self._removing: set[asyncio.Future[str | None]] = set()
         self._stopping = False  # stop() began: it removes every container itself
 
