@@ -64,8 +64,10 @@ import torch
 from flodl_agent.averaging import Averager
 
 numel, rounds, bf16, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+torch.set_num_threads(1)  # as gloo's ranks (OMP_NUM_THREADS=1): the hosts share this box's cores
 tensor = torch.ones(numel)
 avg = Averager(bf16_wire=bf16)
+avg.adopt([tensor])  # as the Trainer does: the parameters live in the rank's segment
 avg.average([tensor], 1.0)  # warm: connections, first allocation
 start = time.perf_counter()
 for _ in range(rounds):

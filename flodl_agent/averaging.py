@@ -1,14 +1,17 @@
 """The CPU plane on a worker: a rank's :class:`Averager` and the agent's :class:`AverageRelay`.
 
-A rank writes its parameters, already multiplied by its weight (its realized
-steps), as raw float32 into its own shared-memory segment and tells its agent
-so on loopback (a small authenticated frame). The agent's relay folds its
-host's ranks piece by piece (``hub.plan``) — straight from the segments, no copy
-for a host with one rank — and streams the pieces up its control link, each
-folded as the one before leaves; the controller's hub (:mod:`flodl_agent.hub`)
-divides once by the accepted weight and streams the average back, which lands
-(float32: received straight into it) in one shared segment that every local
-rank copies from once the last piece is in.
+A rank writes its parameters as raw float32 into its own shared-memory segment
+(no copy at all for tensors it adopted there: ``Averager.adopt``) and tells its
+agent so on loopback (a small authenticated frame), with its weight (its
+realized steps). The agent's relay weighs and folds its host's ranks piece by
+piece (``hub.plan``) — straight from the segments, no copy for a host with one
+rank of weight 1 — and streams the pieces up its control link, each folded as
+the one before leaves; the controller's hub (:mod:`flodl_agent.hub`) divides
+once by the accepted weight and streams the average back, which lands (float32:
+received straight into it) where the ranks read it once the last piece is in:
+on a host of one rank, that rank's own segment (its adopted tensors hold the
+average with no copy); on a host of several, one shared segment every local
+rank copies from.
 Ranks with weight 0 (no step taken) are excluded from the average and still
 receive it. Nothing is pickled; parameters never cross loopback as bytes.
 
@@ -62,25 +65,31 @@ class AveragingError(RuntimeError):
 
 
 class _Mapped:
-    """A file mapped whole, remapped when its size changes (``writable``: this side resizes it)."""
+    """A file mapped whole, remapped when the size asked for changes.
 
-    def __init__(self, path: Path, writable: bool) -> None:
-        self.path, self.writable = path, writable
+    ``grow``: this side sizes the file, and never makes it smaller (a view handed out earlier
+    may still map its end: a shrunk file faults on access there). The other side maps the
+    first ``nbytes`` of a file at least that long."""
+
+    def __init__(self, path: Path, writable: bool, grow: bool = False) -> None:
+        self.path, self.writable, self.grow = path, writable, grow
         self.map: mmap.mmap | None = None
         self.array: np.ndarray = np.empty(0, np.float32)
 
     def view(self, nbytes: int) -> np.ndarray:
-        """The first ``nbytes`` as float32 (``writable``: the file is sized to exactly that first)."""
+        """The first ``nbytes`` as float32."""
         if self.map is None or len(self.map) != nbytes:
             self.close()
-            flags = os.O_RDWR | os.O_CREAT if self.writable else os.O_RDONLY
+            flags = (os.O_RDWR if self.writable else os.O_RDONLY) | (os.O_CREAT if self.grow else 0)
             fd = os.open(self.path, flags, 0o600)
             try:
-                if self.writable:
+                have = os.fstat(fd).st_size
+                if self.grow and have < nbytes:
                     os.ftruncate(fd, nbytes)
-                elif os.fstat(fd).st_size != nbytes:
+                    have = nbytes
+                if have < nbytes:
                     # Mapping past the end of a file faults on access: check before touching it.
-                    raise ValueError(f"{self.path.name} holds {os.fstat(fd).st_size} bytes, not {nbytes}")
+                    raise ValueError(f"{self.path.name} holds {have} bytes, not {nbytes}")
                 if nbytes:
                     access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
                     self.map = mmap.mmap(fd, nbytes, access=access)
@@ -116,9 +125,44 @@ class Averager:
         self.rank = int(os.environ.get("RANK", "0"))
         self._sock = socket.create_connection(("127.0.0.1", port))
         self._codec = wire.Codec(key, max_payload=LOOPBACK_MAX)
-        self._mine = _Mapped(segment_path(where, self.rank), writable=True)
+        self._mine = _Mapped(segment_path(where, self.rank), writable=True, grow=True)
         self._average = _Mapped(where / AVERAGE_FILE, writable=False)
+        self._adopted: np.ndarray | None = None  # the mapping adopted tensors live in (kept mapped)
         self.round = 0
+
+    def adopt(self, tensors: list[Any]) -> None:
+        """Move ``tensors`` into this rank's segment, in order from its start, so that a round
+        whose leading tensors they are copies nothing in, nor (on a host of one rank, where the
+        average lands in the segment) out.
+
+        Tensors keep their identity (``.data`` is re-pointed: an optimizer holding the
+        parameters goes on working); one that cannot live there (not float32 on the CPU) keeps
+        its storage and is copied each round, as any tensor not adopted is. A round cut short
+        (the run ends mid-round) may leave adopted tensors with the first pieces of the
+        average in place.
+        """
+        import torch
+
+        segment = torch.from_numpy(self._mine.view(4 * sum(t.numel() for t in tensors)))
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                n = t.numel()
+                if t.device.type == "cpu" and t.dtype == torch.float32:
+                    place = segment[offset : offset + n].view(t.shape)
+                    place.copy_(t)
+                    t.data = place
+                offset += n
+        self._adopted = self._mine.array
+
+    def _in_place(self, t: Any, base: int, offset: int) -> bool:
+        """``t`` already lives at ``offset`` of the segment (mapped at ``base``, or where it was
+        adopted: an older mapping of the same file, which only grows)."""
+        if not t.is_contiguous() or not t.dtype.is_floating_point or t.dtype.itemsize != 4:
+            return False
+        at = t.data_ptr()
+        adopted = self._adopted
+        return at == base + 4 * offset or (adopted is not None and at == adopted.ctypes.data + 4 * offset)
 
     def average(self, tensors: list[Any], weight: float) -> float:
         """Replace ``tensors`` (in place) by their weighted average across every rank.
@@ -129,14 +173,14 @@ class Averager:
         import torch
 
         size = 4 * sum(t.numel() for t in tensors)
+        mine = self._mine.view(size)  # sized even with nothing to send: the average may land there
         if weight > 0:
-            segment = torch.from_numpy(self._mine.view(size))
-            offset = 0
+            segment, base, offset = torch.from_numpy(mine), mine.ctypes.data, 0
             with torch.no_grad():
                 for t in tensors:
                     n = t.numel()
-                    flat = t.detach().reshape(-1).to("cpu", torch.float32)
-                    torch.mul(flat, float(weight), out=segment[offset : offset + n])
+                    if not self._in_place(t, base, offset):
+                        segment[offset : offset + n].copy_(t.detach().reshape(-1))
                     offset += n
         body = {
             "round": self.round,
@@ -144,6 +188,7 @@ class Averager:
             "weight": float(weight),
             "size": size,
             "bf16": self.bf16_wire,
+            "raw": True,  # the segment holds the parameters as they are: the agent weighs them
         }
         self._sock.sendall(self._codec.encode(wire.Kind.AVERAGE, body))
         reply = self._receive()
@@ -155,18 +200,24 @@ class Averager:
         self.round += 1
         total = float(reply.get("weight", 0.0))
         if total > 0:
+            if not reply.get("raw"):
+                raise AveragingError(
+                    "the agent's flodl_agent is older than this rank's (it expects pre-weighted "
+                    "parameters): run the ranks with the agent's installation"
+                )
             try:
-                averaged = self._average.view(size)
+                averaged = mine if reply.get("own") else self._average.view(size)
             except (OSError, ValueError) as exc:
                 raise AveragingError(f"the host's average cannot be read: {exc}") from None
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # a read-only map: it is only read from
                 source = torch.from_numpy(averaged)
-            offset = 0
+            base, offset = averaged.ctypes.data, 0
             with torch.no_grad():
                 for t in tensors:
                     n = t.numel()
-                    t.copy_(source[offset : offset + n].view_as(t))
+                    if not (averaged is mine and self._in_place(t, base, offset)):
+                        t.copy_(source[offset : offset + n].view_as(t))
                     offset += n
         return total
 
@@ -190,6 +241,7 @@ class Averager:
 class _Pending:
     pushes: dict[int, tuple[float, int]] = field(default_factory=dict)  # rank -> (weight, size in bytes)
     bf16: bool = False  # a rank asked for the bfloat16 wire
+    raw: set[int] = field(default_factory=set)  # ranks whose segment holds their parameters unweighted
 
 
 Piece = tuple[dict[str, Any], wire.Blob]
@@ -213,9 +265,12 @@ class AverageRelay:
         self._alive = set(ranks)
         self._send = send
         self._rounds: dict[int, _Pending] = {}
-        self._segments = {rank: _Mapped(segment_path(self.directory, rank), writable=False) for rank in ranks}
-        self._average = _Mapped(self.directory / AVERAGE_FILE, writable=True)
-        self._sum = np.empty(0, np.float32)  # one piece of a several-rank host's fold
+        # Written too: on a host of one rank, the average lands in that rank's own segment.
+        self._segments = {rank: _Mapped(segment_path(self.directory, rank), writable=True) for rank in ranks}
+        self._average = _Mapped(self.directory / AVERAGE_FILE, writable=True, grow=True)
+        self._landing = self._average  # where the round coming back lands
+        self._sum = np.empty(0, np.float32)  # one piece of the host's weighted sum
+        self._term = np.empty(0, np.float32)  # one rank's weighted piece, on its way into the sum
         self._landed: memoryview | None = None  # the average's piece a frame was received straight into
         self._weight: float | None = None  # the round coming back: the least weight of its pieces
         self._writers: dict[int, tuple[asyncio.StreamWriter, wire.Codec]] = {}
@@ -250,6 +305,8 @@ class AverageRelay:
                 pending = self._rounds.setdefault(pushed.round, _Pending())
                 pending.pushes[rank] = (pushed.weight, pushed.size)
                 pending.bf16 = pending.bf16 or pushed.bf16
+                if pushed.raw:
+                    pending.raw.add(rank)
                 self._fold_ready()
         except (wire.Dropped, BadMessage, ConnectionError):
             pass  # a wrong key or a broken frame from loopback: that rank's connection ends
@@ -291,8 +348,14 @@ class AverageRelay:
         try:
             for rank, (w, _) in sorted(pending.pushes.items()):
                 if w > 0:
-                    parts.append(self._segments[rank].view(size))
+                    parts.append((self._segments[rank].view(size), w if rank in pending.raw else 1.0))
                     weight += w
+            # One rank here, and it reads its average where it left its parameters: the
+            # average lands there (the hub answers a piece only once it has the piece whole).
+            own = len(self._segments) == 1 and pending.raw == pending.pushes.keys()
+            self._landing = self._segments[next(iter(pending.pushes))] if own else self._average
+            if own:
+                self._landing.view(size)
         except (OSError, ValueError) as exc:
             return [({"round": round_no, "error": f"a rank's segment cannot be read: {exc}"}, b"")]
         head = {"round": round_no, "weight": weight, "bf16": pending.bf16, "params": size // 4}
@@ -300,22 +363,32 @@ class AverageRelay:
             return [({**head, "offset": 0}, b"")]  # nobody here stepped: nothing to add, one empty piece
         return self._pieces(head, parts, size // 4)
 
-    def _pieces(self, head: dict[str, Any], parts: list[np.ndarray], params: int) -> Iterator[Piece]:
-        """The host's sum, a piece at a time: each is made once the one before has left, so one
-        piece of scratch serves (a host with one rank sends its segment's own bytes)."""
+    def _pieces(
+        self, head: dict[str, Any], parts: list[tuple[np.ndarray, float]], params: int
+    ) -> Iterator[Piece]:
+        """The host's weighted sum, a piece at a time: each is made once the one before has
+        left, so a piece of scratch serves (a rank of weight 1 alone sends its segment's own
+        bytes)."""
         bf16 = bool(head["bf16"])
-        if len(parts) > 1 and len(self._sum) < min(CHUNK, params):
-            self._sum = np.empty(min(CHUNK, params), np.float32)
+        piece = min(CHUNK, params)
+        if len(self._sum) < piece and (len(parts) > 1 or parts[0][1] != 1.0):
+            self._sum = np.empty(piece, np.float32)
+        if len(self._term) < piece and any(w != 1.0 for _, w in parts[1:]):
+            self._term = np.empty(piece, np.float32)
         for first, stop in plan(params) or [(0, 0)]:
-            folded = parts[0][first:stop]
-            if len(parts) > 1:
-                folded = np.add(folded, parts[1][first:stop], out=self._sum[: stop - first])
-                for part in parts[2:]:
-                    np.add(folded, part[first:stop], out=folded)
+            (values, w), n = parts[0], stop - first
+            folded = values[first:stop]
+            if w != 1.0:
+                folded = np.multiply(folded, np.float32(w), out=self._sum[:n])
+            for values, w in parts[1:]:
+                term = values[first:stop]
+                if w != 1.0:
+                    term = np.multiply(term, np.float32(w), out=self._term[:n])
+                folded = np.add(folded, term, out=self._sum[:n])
             yield {**head, "offset": first}, encode(folded, bf16)
 
     def destination(self, kind: wire.Kind, body: dict[str, Any], nbytes: int) -> memoryview | None:
-        """A float32 piece of the average is received straight into the shared average (the codec's
+        """A float32 piece of the average is received straight into where it lands (the codec's
         sink: ``body`` is not verified yet, and nothing reads the average until the round is in)."""
         params, offset = body.get("params"), body.get("offset")
         self._landed = None
@@ -326,15 +399,16 @@ class AverageRelay:
         if params > DATA_MAX // 4:
             return None
         try:
-            average = self._average.view(4 * params)
-        except OSError:
+            average = self._landing.view(4 * params)
+        except (OSError, ValueError):
             return None
         self._landed = average[offset : offset + nbytes // 4].data.cast("B")
         return self._landed
 
     def deliver(self, body: dict[str, Any], blob: wire.Blob) -> None:
-        """A piece of the controller's average: into the shared average; once the round is whole
+        """A piece of the controller's average: where the round lands; once the round is whole
         (or refused), word to every local rank."""
+        landing, own = self._landing, self._landing is not self._average
         if not body.get("error"):
             bf16 = bool(body.get("bf16"))
             count = len(blob) // (2 if bf16 else 4)
@@ -343,13 +417,14 @@ class AverageRelay:
             self._weight = weight if self._weight is None else min(self._weight, weight)
             if count and blob is not self._landed:
                 offset = int(body.get("offset", 0))
-                np.copyto(self._average.view(4 * params)[offset : offset + count], decode(blob, bf16))
+                np.copyto(landing.view(4 * params)[offset : offset + count], decode(blob, bf16))
             self._landed = None
             if not body.get("last", True):
                 return
             body = {**body, "weight": self._weight}
-        self._weight = None
+        self._weight, self._landing = None, self._average
         reply: dict[str, Any] = {k: body[k] for k in ("round", "weight", "error", "saver") if k in body}
+        reply.update(raw=True, own=own)  # the parameters were weighed here; where the average is
         for writer, codec in list(self._writers.values()):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.write(codec.encode(wire.Kind.AVERAGED, reply))

@@ -1,6 +1,6 @@
 """The CPU plane's hub: weighted parameter averaging through the controller, streamed.
 
-Each host's relay sends, per round, the sum of its ranks' pre-scaled parameters
+Each host's relay sends, per round, the sum of its ranks' weighted parameters
 (``weight_i * params_i``, raw float32 or bfloat16) and the sum of their weights,
 as pieces in order (``plan``: at most ``CHUNK`` parameters each). The hub adds
 each piece into the round's total the moment it arrives; the stretch that every

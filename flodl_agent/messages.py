@@ -163,7 +163,8 @@ class Average(Msg):
     On the link: a piece of a host's folded round (the sum of its ranks' weight *
     params, float32 or bfloat16: parameters ``offset`` on, of ``params``; 0: the
     whole round in one frame) or its relay's error. On loopback: a rank's push,
-    its parameters already in its shared-memory segment (``size`` bytes).
+    its parameters already in its shared-memory segment (``size`` bytes; ``raw``: as
+    they are, for the agent to weigh; without it, an older rank's, already weighed).
     """
 
     round: int = Field(ge=0, lt=2**62)
@@ -174,6 +175,7 @@ class Average(Msg):
     size: int = Field(0, ge=0)
     offset: int = Field(0, ge=0, lt=2**40)
     params: int = Field(0, ge=0, lt=2**40)
+    raw: bool = False
 
 
 class Averaged(Msg):

@@ -292,7 +292,10 @@ class Trainer:
         if self.config.plane == "cpu":
             from .averaging import Averager
 
-            return Averager(bf16_wire=self.config.bf16_wire).average
+            averager = Averager(bf16_wire=self.config.bf16_wire)
+            # The parameters live in the rank's segment: each round reads them where they are.
+            averager.adopt(list(self.model.parameters()))
+            return averager.average
         import torch
         import torch.distributed as dist
 

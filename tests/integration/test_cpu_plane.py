@@ -49,6 +49,36 @@ ok = [bool(torch.allclose(t, base * k, rtol=1e-2)) for t, k in want]
 open(os.path.join(sys.argv[1], str(rank)), "w").write(json.dumps([totals, block, ok]))
 """
 
+ADOPTED = """
+import json, os, sys
+import torch
+from flodl_agent import wire
+from flodl_agent.averaging import ENV_DIR, Averager
+
+rank = int(os.environ["RANK"])
+avg = Averager()
+params = [torch.full((3,), float(rank + 1)), torch.full((2, 2), 10.0 * (rank + 1))]
+extra = torch.full((1,), float(rank + 1))  # not adopted: copied in and out
+avg.adopt(params)
+where = [t.data_ptr() for t in params]
+if rank == 1:  # an older rank: its segment holds weight * params, and its push says nothing more
+    segment = avg._mine.view(4 * 8)
+    segment[:] = 2.0 * torch.cat([*(t.reshape(-1) for t in params), extra]).numpy()
+    body = {"round": 0, "rank": 1, "weight": 2.0, "size": 32, "bf16": False}
+    avg._sock.sendall(avg._codec.encode(wire.Kind.AVERAGE, body))
+    reply = avg._receive()
+    total = float(reply["weight"])
+    averaged = avg._average.view(32).tolist()
+    params = [torch.tensor(averaged[:3]), torch.tensor(averaged[3:7]).view(2, 2)]
+    extra = torch.tensor(averaged[7:])
+else:
+    total = avg.average([*params, extra], float(rank + 1))  # weights 1, 2, 3: work-weighted
+stayed = [t.data_ptr() for t in params] == where
+shared = os.path.exists(os.path.join(os.environ[ENV_DIR], "average"))
+out = [params[0].tolist(), params[1].tolist(), extra.tolist(), total, stayed, shared]
+open(os.path.join(sys.argv[1], str(rank)), "w").write(json.dumps(out))
+"""
+
 MISMATCH = """
 import os, torch
 from flodl_agent.averaging import Averager
@@ -131,3 +161,32 @@ def test_a_parameter_count_mismatch_fails_the_run_naming_the_ranks(tmp_path: Pat
         await ctl.close()
 
     run(scenario)
+
+
+def test_adopted_tensors_average_in_place_beside_an_older_ranks_push(tmp_path: Path) -> None:
+    """Tensors adopted into a rank's segment are neither copied in nor out: on a host of one
+    rank the average lands in them (no shared average is made there); a host of two folds
+    them with an older rank's push (its segment already weighed), weighing only the new one's."""
+    out = tmp_path / "out"
+    out.mkdir()
+
+    async def scenario() -> None:
+        ctl = Controller(settings([sys.executable, "-c", ADOPTED, str(out)], quorum=3, target=3))
+        await ctl.start()
+        logs: list[str] = []
+        assert await walk_ins(ctl, ("box-a", 2), ("box-b", 1), log=logs) == [0, 0], logs
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0, ctl.reason
+        await ctl.close()
+
+    run(scenario)
+    results = {int(p.name): json.loads(p.read_text()) for p in out.iterdir()}
+    mean = (1 * 1 + 2 * 2 + 3 * 3) / 6
+    for rank, (first, block, extra, total, stayed, _) in sorted(results.items()):
+        assert first == pytest.approx([mean] * 3) and extra == pytest.approx([mean]), rank
+        assert [v for row in block for v in row] == pytest.approx([10 * mean] * 4), rank
+        assert total == 6.0
+        if rank != 1:
+            assert stayed, f"rank {rank}: its adopted tensors moved"
+    assert not results[2][5], "box-b has one rank: its average lands in that rank's segment"
+    assert results[0][5], "box-a has two ranks: they read one shared average"
