@@ -156,3 +156,19 @@ def test_bfloat16_wire_matches_torch_rounding_and_halves_the_bytes() -> None:
     assert from_bf16(done.data).tolist() == [2.0, 3.0]
     with pytest.raises(Mismatch, match="not bfloat16"):
         Hub({"a"}).push("a", 0, 1.0, b"\x00" * 3, bf16=True)
+
+
+def test_bfloat16_rounding_of_finite_pieces_and_a_lone_nan() -> None:
+    """The finite fast path rounds as torch does (ties to even included); a NaN whose bits
+    would round into an infinity stays a NaN."""
+    torch = pytest.importorskip("torch")
+
+    bits = np.random.default_rng(0).integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    bits[:4] = [0x3F808000, 0x3F818000, 0x00008000, 0x7F7F8000]  # exact ties, the largest float's
+    values = bits.view(np.float32)
+    values = values[np.isfinite(values)]
+    ours = np.frombuffer(to_bf16(values), np.uint16)
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert ours.tolist() == theirs.tolist()
+    lone = np.array([1.0, np.uint32(0x7F800001).view(np.float32)], np.float32)  # a NaN, no infinity
+    assert np.frombuffer(to_bf16(lone), np.uint16).tolist() == [0x3F80, 0x7FC0]
