@@ -2,8 +2,11 @@
 
 Seconds per averaging round through the controller (float32 and bf16_wire: one
 host per rank, each host's agent a process of its own, every round crossing its
-control link) and per gloo ``all_reduce``; effective bandwidth = model bytes /
-seconds per round. Two networks:
+control link) and per gloo ``all_reduce``, over 10 rounds after two warm-up rounds
+each (the steady state a training run lives in: the first rounds fault the
+buffers in); effective bandwidth = model bytes / seconds per round. The hub's
+ranks adopt their tensors (as the Trainer does) and, like gloo's, run one thread
+each. Two networks:
 
 - **loopback**: everything on this box (memory-bound: the links are never the
   limit), 2 and 4 ranks, 1, 64 and 512 MB of float32; the machine's memory-copy
@@ -53,7 +56,7 @@ from bench import netns
 from bench.walkins import AGENT, free_port, run_world
 from flodl_agent.hub import CHUNK
 
-ROUNDS = 5
+ROUNDS = 10
 CONTROLLER_PORT = 29500  # a fresh namespace: nothing else listens there
 GLOO_PORT = 29501
 RUN_TIMEOUT = 600.0
@@ -68,7 +71,8 @@ torch.set_num_threads(1)  # as gloo's ranks (OMP_NUM_THREADS=1): the hosts share
 tensor = torch.ones(numel)
 avg = Averager(bf16_wire=bf16)
 avg.adopt([tensor])  # as the Trainer does: the parameters live in the rank's segment
-avg.average([tensor], 1.0)  # warm: connections, first allocation
+for _ in range(2):  # warm, as gloo is: connections, every buffer's first touch
+    avg.average([tensor], 1.0)
 start = time.perf_counter()
 for _ in range(rounds):
     avg.average([tensor], 1.0)
@@ -84,7 +88,8 @@ import torch.distributed as dist
 numel, rounds, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo")
 tensor = torch.ones(numel)
-dist.all_reduce(tensor)
+for _ in range(2):  # warm, as the hub is
+    dist.all_reduce(tensor)
 start = time.perf_counter()
 for _ in range(rounds):
     dist.all_reduce(tensor)
