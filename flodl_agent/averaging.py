@@ -137,9 +137,9 @@ class Averager:
 
         Tensors keep their identity (``.data`` is re-pointed: an optimizer holding the
         parameters goes on working); one that cannot live there (not float32 on the CPU) keeps
-        its storage and is copied each round, as any tensor not adopted is. A round cut short
-        (the run ends mid-round) may leave adopted tensors with the first pieces of the
-        average in place.
+        its storage and is copied each round, as any tensor not adopted is. A round that does
+        not come back whole (the run ends mid-round, or every host that stepped died in it)
+        may leave adopted tensors holding the pieces of the average that did.
         """
         import torch
 
