@@ -29,6 +29,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import wire
-from .hub import CHUNK, decode, encode, plan
+from .hub import chunk_for, decode, encode, plan
 from .messages import Average, BadMessage
 from .messages import parse as parse_message
 from .streams import next_frame
@@ -256,7 +257,7 @@ class AverageRelay:
     still running has pushed it.
     """
 
-    def __init__(self, ranks: list[int], send: Send) -> None:
+    def __init__(self, ranks: list[int], send: Send, clock: Callable[[], float] = time.monotonic) -> None:
         self.key = os.urandom(wire.KEY_BYTES)
         shm = "/dev/shm"
         self.directory = Path(
@@ -273,6 +274,9 @@ class AverageRelay:
         self._term = np.empty(0, np.float32)  # one rank's weighted piece, on its way into the sum
         self._landed: memoryview | None = None  # the average's piece a frame was received straight into
         self._weight: float | None = None  # the round coming back: the least weight of its pieces
+        self._clock = clock
+        self._sent: tuple[float, int] | None = None  # the round up the link: when it left, its bytes
+        self.rate: float | None = None  # the link's bytes a second in the last round (sizes pieces)
         self._writers: dict[int, tuple[asyncio.StreamWriter, wire.Codec]] = {}
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
@@ -370,12 +374,15 @@ class AverageRelay:
         left, so a piece of scratch serves (a rank of weight 1 alone sends its segment's own
         bytes)."""
         bf16 = bool(head["bf16"])
-        piece = min(CHUNK, params)
+        width = 2 if bf16 else 4
+        chunk = chunk_for(self.rate, width)
+        piece = min(chunk, params)
+        self._sent = (self._clock(), params * width)
         if len(self._sum) < piece and (len(parts) > 1 or parts[0][1] != 1.0):
             self._sum = np.empty(piece, np.float32)
         if len(self._term) < piece and any(w != 1.0 for _, w in parts[1:]):
             self._term = np.empty(piece, np.float32)
-        for first, stop in plan(params) or [(0, 0)]:
+        for first, stop in plan(params, chunk) or [(0, 0)]:
             (values, w), n = parts[0], stop - first
             folded = values[first:stop]
             if w != 1.0:
@@ -422,6 +429,10 @@ class AverageRelay:
             if not body.get("last", True):
                 return
             body = {**body, "weight": self._weight}
+            if self._sent is not None:  # up and back: the link's pace, for the next round's pieces
+                (began, nbytes), self._sent = self._sent, None
+                if (seconds := self._clock() - began) > 0:
+                    self.rate = nbytes / seconds
         self._weight, self._landing = None, self._average
         reply: dict[str, Any] = {k: body[k] for k in ("round", "weight", "error", "saver") if k in body}
         reply.update(raw=True, own=own)  # the parameters were weighed here; where the average is

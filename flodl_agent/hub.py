@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-CHUNK = 1 << 18  # parameters per piece: 1 MiB of float32 (small enough to overlap, big enough to pay)
+CHUNK = 1 << 18  # parameters per piece at the least: 1 MiB of float32
+CHUNKS_MAX = 4  # and at the most, on a link fast enough (see ``chunk_for``)
+LAG = 0.016  # seconds of its link a piece may take: every hop holds a piece whole before passing it on
 Blob = bytes | bytearray | memoryview
 
 
@@ -65,6 +67,23 @@ def encode(values: np.ndarray, bf16: bool) -> Blob:
     if bf16:
         return to_bf16(values)
     return np.ascontiguousarray(values, dtype=np.float32).data.cast("B")
+
+
+def chunk_for(rate: float | None, width: int = 4) -> int:
+    """Parameters per piece on a link that carried ``rate`` bytes a second in the last round
+    (None: no round yet), ``width`` bytes each: what the link carries in ``LAG``, in whole
+    ``CHUNK``s, 1 to ``CHUNKS_MAX`` of them.
+
+    A piece is verified whole before it is summed, and summed whole before its average
+    leaves, so a round ends about one piece's time on the link after its last byte went up:
+    small pieces where the link is the limit. Where it is not (loopback, a fast fabric),
+    each piece's frame, callbacks and syscalls are the cost, and fewer pieces cut the
+    controller's CPU a round by a fifth (docs/performance.md).
+    """
+    if rate is None or not rate > 0:  # also NaN
+        return CHUNK
+    chunks = int(min(rate * LAG / (CHUNK * width), CHUNKS_MAX))
+    return CHUNK * max(1, chunks)
 
 
 def plan(params: int, chunk: int = CHUNK) -> list[tuple[int, int]]:

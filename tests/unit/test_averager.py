@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flodl_agent import wire
-from flodl_agent.averaging import LOOPBACK_MAX, Averager, AveragingError
+from flodl_agent.averaging import LOOPBACK_MAX, Averager, AverageRelay, AveragingError
+from flodl_agent.hub import CHUNK, CHUNKS_MAX
 
 torch = pytest.importorskip("torch")
 
@@ -52,3 +55,40 @@ def test_adopt_moves_float32_tensors_into_the_segment_and_leaves_the_rest(tmp_pa
         segment = (tmp_path / "rank-0").read_bytes()
         assert len(segment) == 4 * 9 and segment[:24] == weights.detach().numpy().tobytes()
         avg.close()
+
+
+def test_a_relay_sends_bigger_pieces_once_its_link_carried_a_round_fast(tmp_path: Path) -> None:
+    """Pieces are sized to the link's pace in the last round: a slow link keeps the least
+    (its pieces' store-and-forward is the round's tail), a fast one gets the most (each
+    piece's frame is the cost there)."""
+    params = 8 * CHUNK
+    now = [0.0]
+    seconds = iter([0.01, 10.0, 0.01, 0.01])  # the link's time each round: 3.4 GB/s, 3.4 MB/s, ...
+    pieces: list[list[int]] = []
+    loop = asyncio.new_event_loop()
+    relay = AverageRelay([0], lambda made: answer(list(made)), clock=lambda: now[0])
+
+    def answer(made: list[tuple[dict[str, Any], wire.Blob]]) -> None:  # the controller, at once
+        pieces.append([len(blob) // 4 for _, blob in made])
+        now[0] += next(seconds)
+        head = made[0][0]
+        total = b"".join(bytes(blob) for _, blob in made)
+        relay.deliver({**head, "offset": 0, "weight": 1.0, "last": True}, total)
+
+    port = loop.run_until_complete(relay.listen())
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        avg = Averager(port, relay.key, directory=str(relay.directory))
+        tensor = torch.arange(float(params))
+        for _ in range(4):
+            assert avg.average([tensor], 1.0) == 1.0
+        avg.close()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.run_until_complete(relay.close())
+        loop.close()
+    assert tensor[-1].item() == params - 1  # the average of one rank is its own parameters
+    least, most = [CHUNK] * 8, [CHUNKS_MAX * CHUNK] * (8 // CHUNKS_MAX)
+    assert pieces == [least, most, least, most]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flodl_agent.hub import Averaged, Hub, Mismatch, from_bf16, plan, to_bf16
+from flodl_agent.hub import CHUNK, CHUNKS_MAX, Averaged, Hub, Mismatch, chunk_for, from_bf16, plan, to_bf16
 
 
 def f32(*values: float) -> bytes:
@@ -172,3 +172,16 @@ def test_bfloat16_rounding_of_finite_pieces_and_a_lone_nan() -> None:
     assert ours.tolist() == theirs.tolist()
     lone = np.array([1.0, np.uint32(0x7F800001).view(np.float32)], np.float32)  # a NaN, no infinity
     assert np.frombuffer(to_bf16(lone), np.uint16).tolist() == [0x3F80, 0x7FC0]
+
+
+def test_pieces_are_what_the_link_carries_in_a_few_milliseconds_within_bounds() -> None:
+    gbit = 125e6  # bytes a second: a 1 Gbit/s worker link
+    assert chunk_for(None) == CHUNK  # no round yet
+    assert chunk_for(gbit) == CHUNK  # a 1 MiB piece takes 8 ms there already
+    assert chunk_for(1.3 * gbit) == 2 * CHUNK
+    assert chunk_for(10 * gbit) == CHUNKS_MAX * CHUNK  # a fast link: capped
+    assert chunk_for(1.3 * gbit, width=2) == 2 * chunk_for(1.3 * gbit)  # bfloat16: half the bytes a parameter
+    assert chunk_for(0.0) == chunk_for(float("nan")) == chunk_for(-1.0) == CHUNK
+    size = 10 * CHUNK + 3
+    pieces = plan(size, chunk_for(10 * gbit))
+    assert pieces[0] == (0, 4 * CHUNK) and pieces[-1] == (8 * CHUNK, size) and len(pieces) == 3
