@@ -2,7 +2,8 @@
 
 Each host's relay sends, per round, the sum of its ranks' weighted parameters
 (``weight_i * params_i``, raw float32 or bfloat16) and the sum of their weights,
-as pieces in order (``plan``: at most ``CHUNK`` parameters each). The hub adds
+as pieces in order (``plan``: 1 to ``CHUNKS_MAX`` ``CHUNK``s each, sized by the
+relay to what its link carried in the last round, ``chunk_for``). The hub adds
 each piece into the round's total the moment it arrives; the stretch that every
 host still training has delivered is divided once by the round's weight and
 goes back at once, while the rest of the round is still arriving. Memory: one
