@@ -33,24 +33,19 @@ from pathlib import Path
 from .config.models import Source, Ssh
 from .confine import entry_outside
 from .errors import PERMANENT, TRANSIENT, Failure, host_key_mismatch
-from .net import DEAD_MOUNT, ssh_argv
-from .probe import dir_facts, dir_findings
-from .publish import (
+from .manifest import (
     DIGEST_FILE,
-    EXCLUDES,
     MANIFEST,
     Manifest,
     PublishError,
-    PublishRequest,
     digest_lines,
     digest_of,
-    entry_command,
-    fetch_git,
-    mirror_argv,
     read_manifest,
-    run_build,
     verify,
 )
+from .net import DEAD_MOUNT, ssh_argv
+from .probe import dir_facts, dir_findings
+from .publish import EXCLUDES, PublishRequest, entry_command, fetch_git, mirror_argv, run_build
 from .sources import SourceSpec, parse_data_source, parse_source
 
 STAMP = ".fdl-built"  # in <stage>/build: the digest and build line of the last good build

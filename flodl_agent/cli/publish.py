@@ -93,7 +93,8 @@ def publish(
     1 otherwise (nothing published).
     """
     from ..config import Publish
-    from ..publish import PublishError, PublishRequest
+    from ..manifest import PublishError
+    from ..publish import PublishRequest
     from ..publish import publish as run_publish
 
     path = project_file(config_file)

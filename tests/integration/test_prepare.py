@@ -21,8 +21,9 @@ import yaml
 from flodl_agent.agent import AgentFailure
 from flodl_agent.config.models import Source, Ssh
 from flodl_agent.controller import Controller
+from flodl_agent.manifest import MANIFEST, read_manifest
 from flodl_agent.prepare import PERMANENT, TRANSIENT, PrepareFailure, missing_package, prepare
-from flodl_agent.publish import MANIFEST, PublishRequest, publish, read_manifest
+from flodl_agent.publish import PublishRequest, publish
 from flodl_agent.sources import parse_source
 from tests.support.control_plane import agent, run, settings, until, walk_in
 from tests.support.sshd import Sshd, door_fetch
@@ -439,7 +440,7 @@ def test_publish_probes_the_model_and_refuses_an_entry_that_cannot_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch = pytest.importorskip("torch")
-    from flodl_agent.publish import PublishError
+    from flodl_agent.manifest import PublishError
     from flodl_agent.signature import model_signature
 
     monkeypatch.setenv("COUNT", str(tmp_path / "count"))

@@ -14,15 +14,8 @@ import yaml
 from click.testing import CliRunner
 
 from flodl_agent.cli import cli
-from flodl_agent.publish import (
-    DIGEST_FILE,
-    MANIFEST,
-    PublishError,
-    PublishRequest,
-    publish,
-    read_manifest,
-    verify,
-)
+from flodl_agent.manifest import DIGEST_FILE, MANIFEST, PublishError, read_manifest, verify
+from flodl_agent.publish import PublishRequest, publish
 from flodl_agent.sources import parse_source
 from tests.support.sshd import Sshd
 

@@ -32,6 +32,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.pin": IO_MODULES,
     "flodl_agent.credentials": IO_MODULES,
     "flodl_agent.sources": IO_MODULES,
+    "flodl_agent.manifest": PYDANTIC,
     "flodl_agent.wire": IO_MODULES,
     "flodl_agent.keys": IO_MODULES,
     "flodl_agent.join_events": PYDANTIC,
