@@ -10,7 +10,10 @@ each. Two networks:
 
 - **loopback**: everything on this box (memory-bound: the links are never the
   limit), 2 and 4 ranks, 1, 64 and 512 MB of float32; the machine's memory-copy
-  bandwidth is printed beside.
+  bandwidth is printed beside. The agents dial 127.0.0.1 and so come through the
+  controller's local socket (:mod:`flodl_agent.local_port`), as walk-ins on its
+  box do; ``hub_tcp`` is the float32 hub with that socket off, over TCP loopback
+  (as agents behind a tunnel reach it).
 - **shaped** (root, iproute2): a network namespace per host joined through a
   switch namespace, each worker's link shaped to 1 Gbit/s each way and the
   controller's to 10 Gbit/s (``bench.netns``); the controller, the agents and
@@ -23,10 +26,11 @@ check that it builds, measures and leaves nothing behind).
 
 The last line is one JSON object: ``ratio`` (loopback, 2 ranks, 64 MB: gloo's
 seconds per round over the float32 hub's, higher is better), ``ratio_bf16``,
-``ratio_4`` (the same at 4 ranks), ``shaped_ratio`` and ``shaped_ratio_bf16``
-(2 ranks, 64 MB, shaped), and ``floor``: what any hub over authenticated TCP must
-spend on this box, measured in the same run (the kernel's CPU per byte of a
-loopback TCP stream, both ends, and Poly1305's speed), the loopback round that
+``ratio_4`` (the same at 4 ranks), ``ratio_tcp`` and ``ratio_4_tcp`` (over TCP
+loopback), ``shaped_ratio`` and ``shaped_ratio_bf16`` (2 ranks, 64 MB, shaped),
+and ``floor`` (``floor_tcp``): what any hub over an authenticated unix (TCP)
+stream must spend on this box, measured in the same run (the kernel's CPU per
+byte of a local stream, both ends, and Poly1305's speed), the loopback round that
 leaves when it runs on every core at once with nothing else (``hub_floor_s``),
 and gloo's round over it (``ratio_ceiling``). The hub moves 2 x ranks models
 through the kernel a round where a ring moves 2 x (ranks - 1), and tags each
@@ -54,6 +58,7 @@ from cryptography.hazmat.primitives import poly1305
 
 from bench import netns
 from bench.walkins import AGENT, free_port, run_world
+from flodl_agent import local_port
 from flodl_agent.hub import CHUNK
 
 ROUNDS = 10
@@ -126,11 +131,12 @@ def hub_command(numel: int, bf16: bool, out: str, rounds: int) -> list[str]:
     return [sys.executable, "-c", HUB_RANK, str(numel), str(rounds), "1" if bf16 else "0", out]
 
 
-def hub(ranks: int, numel: int, bf16: bool, rounds: int = ROUNDS) -> float:
+def hub(ranks: int, numel: int, bf16: bool, rounds: int = ROUNDS, local: bool = True) -> float:
     """Seconds per round through the controller on loopback; each host's agent runs in a process
-    of its own, as on a real fleet."""
+    of its own, as on a real fleet (``local``: through the controller's local socket, as agents on
+    its box are; otherwise over TCP loopback, as through a tunnel)."""
     out = tempfile.mkdtemp()
-    run_world(hub_command(numel, bf16, out, rounds), [(f"h{i}", 1) for i in range(ranks)])
+    run_world(hub_command(numel, bf16, out, rounds), [(f"h{i}", 1) for i in range(ranks)], local=local)
     return slowest(out)
 
 
@@ -192,23 +198,36 @@ def gloo_shaped(t: netns.Topology, ranks: int, numel: int, rounds: int = ROUNDS)
 
 STREAM_SENDER = """
 import socket, sys
-n, piece = int(sys.argv[2]), 1 << 20
+where, n, buffer, piece = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 1 << 20
 data = memoryview(bytearray(piece))
-with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as s:
+if where.isdigit():
+    s = socket.create_connection(("127.0.0.1", int(where)))
+else:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("\\0" + where[1:])
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)  # as local_port.tune: no imports timed
+with s:
     for _ in range(n // piece):
         s.sendall(data)
 """
 
 
-def socket_cpu_s_per_gb(nbytes: int = 256 << 20) -> float:
-    """CPU seconds (sender and receiver, user and kernel) a GB through a loopback TCP stream."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
+def socket_cpu_s_per_gb(nbytes: int = 256 << 20, local: bool = False) -> float:
+    """CPU seconds (sender and receiver, user and kernel) a GB through a loopback TCP stream
+    (``local``: a unix socket with the buffers the controller's local socket has)."""
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket(socket.AF_UNIX) as unix:
+        name = f"@flodl-bench/{os.getpid()}"  # abstract: "@" stands for the NUL argv cannot carry
+        unix.bind("\0" + name[1:])
+        unix.listen()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         mine = resource.getrusage(resource.RUSAGE_SELF)
+        where = name if local else str(server.getsockname()[1])
         sender = subprocess.Popen(
-            [sys.executable, "-c", STREAM_SENDER, str(server.getsockname()[1]), str(nbytes)]
+            [sys.executable, "-c", STREAM_SENDER, where, str(nbytes), str(local_port.BUFFER)]
         )
-        conn, _ = server.accept()
+        conn, _ = (unix if local else server).accept()
+        if local:
+            local_port.tune(conn)
         with conn:
             into, got = memoryview(bytearray(1 << 20)), 0
             while got < nbytes and (n := conn.recv_into(into)):
@@ -237,10 +256,12 @@ def poly1305_gbps(nbytes: int = 64 << 20) -> float:
 def floor(
     gloo_s: float | None, socket_s: float, mac_gbps: float, cores: int, ranks: int = 2, mb: int = 64
 ) -> dict[str, Any]:
-    """The loopback round no hub over authenticated TCP beats on this box: every host's model
-    up and the average back down through the kernel (``socket_s`` CPU seconds a GB, both ends),
-    each tagged once and verified once (Poly1305 at ``mac_gbps``), spread over every core with
-    nothing else to do (no copies, no sums, no Python)."""
+    """The loopback round a hub over an authenticated stream costs on this box at the least, as
+    far as a plain stream measures it: every host's model up and the average back down through
+    the kernel (``socket_s`` CPU seconds a GB, both ends), each tagged once and verified once
+    (Poly1305 at ``mac_gbps``), spread over every core with nothing else to do (no copies, no
+    sums, no Python). An estimate: the plain stream's 1 MiB writes and reads are not the
+    hub's, and on the local socket the hub has come in a tenth under it."""
     model = mb * 1024 * 1024 / 1e9  # GB
     cpu = 2 * ranks * model * socket_s + 2 * 2 * ranks * model / mac_gbps
     hub_floor = cpu / cores
@@ -290,6 +311,8 @@ def summary(rows: list[dict[str, Any]], memcpy: float, shaped_skipped: str | Non
         "ratio": ratio(rows, "loopback", 2),
         "ratio_bf16": ratio(rows, "loopback", 2, "hub_bf16"),
         "ratio_4": ratio(rows, "loopback", 4),
+        "ratio_tcp": ratio(rows, "loopback", 2, "hub_tcp"),
+        "ratio_4_tcp": ratio(rows, "loopback", 4, "hub_tcp"),
         "shaped_ratio": ratio(rows, "shaped", 2),
         "shaped_ratio_bf16": ratio(rows, "shaped", 2, "hub_bf16"),
         "shaped_skipped": shaped_skipped,
@@ -306,6 +329,8 @@ def case(
         seconds[name] = (
             hub(ranks, numel, wire, rounds) if t is None else hub_shaped(t, ranks, numel, wire, rounds)
         )
+    if t is None:  # the same box's agents over TCP loopback, as through a tunnel
+        seconds["hub_tcp"] = hub(ranks, numel, False, rounds, local=False)
     seconds["gloo"] = gloo(ranks, numel, rounds) if t is None else gloo_shaped(t, ranks, numel, rounds)
     result = row(net, ranks, mb, seconds)
     print(json.dumps(result), flush=True)
@@ -346,7 +371,9 @@ def main() -> None:
     result = summary(rows, memcpy_gbps(), skipped)
     gloo_2 = [r["gloo_s"] for r in rows if (r["net"], r["ranks"], r["model_mb"]) == ("loopback", 2, 64)]
     if gloo_2:  # the ceiling on ``ratio``: what the kernel and the tags alone cost here
-        result["floor"] = floor(gloo_2[0], socket_cpu_s_per_gb(), poly1305_gbps(), os.cpu_count() or 1)
+        mac, cores = poly1305_gbps(), os.cpu_count() or 1
+        result["floor"] = floor(gloo_2[0], socket_cpu_s_per_gb(local=True), mac, cores)
+        result["floor_tcp"] = floor(gloo_2[0], socket_cpu_s_per_gb(), mac, cores)
     result["shaped_namespaces"] = made  # what was built (and, by now, removed)
     print(json.dumps(result))
 

@@ -70,12 +70,15 @@ async def serve(ctl: Controller, announce: bool = False) -> None:
         sys.exit(f"the run failed: {ctl.reason}")
 
 
-def run_world(command: list[str], hosts: list[tuple[str, int]], env: dict[str, str] | None = None) -> None:
-    """Open a window for exactly ``hosts`` (name, CPU ranks); run ``command`` on every rank."""
+def run_world(
+    command: list[str], hosts: list[tuple[str, int]], env: dict[str, str] | None = None, local: bool = True
+) -> None:
+    """Open a window for exactly ``hosts`` (name, CPU ranks); run ``command`` on every rank
+    (``local``: the agents reach the controller through its local socket, as on one box)."""
     ranks = sum(cpus for _, cpus in hosts)
 
     async def run() -> None:
-        ctl = Controller(settings(command, ranks, env, port=0))
+        ctl = Controller(settings(command, ranks, env, port=0, local_socket=local))
         await ctl.start()
         agents = [
             await asyncio.create_subprocess_exec(sys.executable, "-c", AGENT, str(ctl.port), name, str(cpus))

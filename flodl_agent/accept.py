@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 # Out of a resource that connections closing give back: pause accepting, don't spin.
 STARVED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -82,7 +82,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
 
 
 class Acceptor:
-    """Accepts on ``sockets`` and hands each connection (non-blocking) and its peer's address on."""
+    """Accepts on ``sockets`` and hands each connection (non-blocking) and its peer's address on
+    (``peers``: what a listening socket's peers count as, where they have no address: unix ones)."""
 
     def __init__(
         self,
@@ -92,8 +93,10 @@ class Acceptor:
         log: Callable[[str], None],
         clock: Callable[[], float],
         pause: float = PAUSE,
+        peers: Mapping[socket.socket, str] | None = None,
     ) -> None:
         self.sockets = sockets
+        self.peers = dict(peers or {})
         self.on_connection = on_connection
         self.log = log
         self.clock = clock
@@ -139,7 +142,7 @@ class Acceptor:
                 )
                 self.starved_since = None
             conn.setblocking(False)
-            self.on_connection(conn, str(address[0]))
+            self.on_connection(conn, self.peers.get(listening) or str(address[0]))
 
     def _starve(self, exc: OSError) -> None:
         self._stop_reading()

@@ -85,6 +85,7 @@ class Controller:
             clock=clock,
             log=log,
             note=self.note,
+            local=settings.local_socket,
         )
         self.refused: Counter[str] = Counter()
         self.admitted = 0

@@ -36,6 +36,7 @@ class Settings:
     heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
     parallelism: dict[str, int] | None = None  # tensor/pipeline/data/expert the formed world must satisfy
     tls: tuple[str, str] | None = None  # (certificate, key): serve the port over TLS
+    local_socket: bool = True  # walk-ins on this box may come through a unix socket (local_port)
     # What the cluster file says of each roster host (docker, gpu_ram_share), and of any
     # other walk-in (the cluster's defaults): it rides that host's envelope in WorldFormed.
     host_facts: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import http_surface, preamble, wire
+from . import http_surface, local_port, preamble, wire
 from .accept import Acceptor, bind, raise_fd_limit
 from .address import is_loopback
 from .admission import Gate
@@ -82,8 +82,10 @@ class Listener:
         clock: Callable[[], float] = time.monotonic,
         log: Callable[[str], None] = lambda line: None,
         note: Callable[[str, str], None] | None = None,
+        local: bool = True,
     ) -> None:
         self.bind = bind
+        self.local = local  # a unix socket beside each loopback-reachable TCP one (local_port)
         self.port = port
         self.on_join = on_join
         self.routes = routes
@@ -119,11 +121,24 @@ class Listener:
             raise BindError(
                 f"cannot open the join window on {self.bind}:{self.port}: {exc.strerror}", exc.errno
             ) from None
+        self.port = sockets[0].getsockname()[1]
+        peers: dict[socket.socket, str] = {}
+        if self.local:
+            local, taken = local_port.bind((sock.getsockname()[0], self.port) for sock in sockets)
+            peers = {sock: local_port.address_of(sock.getsockname().decode()) for sock in local}
+            for name in taken:
+                self.log(
+                    f"cannot listen on the local socket @{name[1:]} (another process holds it): "
+                    "walk-ins on this box reach the port over TCP"
+                )
         self._acceptor = Acceptor(
-            sockets, self._arrived, log=lambda line: self.note("port", line), clock=self.clock
+            [*sockets, *peers],
+            self._arrived,
+            log=lambda line: self.note("port", line),
+            clock=self.clock,
+            peers=peers,
         )
         self._acceptor.start()
-        self.port = sockets[0].getsockname()[1]
         return self.port
 
     async def close(self) -> None:
@@ -177,6 +192,8 @@ class Listener:
 
     def _arrived(self, sock: socket.socket, peer: str) -> None:
         """A connection the acceptor took: the gate decides on the bare socket, before any TLS."""
+        if sock.family == socket.AF_UNIX:
+            local_port.tune(sock)
         # Loopback is exempt from the gate: under tunnels every walk-in arrives from
         # 127.0.0.1, and one bad tunnel must not lock the others out.
         counted = not is_loopback(peer)

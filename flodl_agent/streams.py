@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from . import wire
+from . import local_port, wire
 from .address import join_address
 from .join_protocol import NEED_DATA, RATE_LIMITED, Closed, Event, JoinClient, JoinServer
 from .pin import PinMismatch, check_pin
@@ -33,13 +33,10 @@ DIAL_TIMEOUT = 10.0
 async def dial(
     host: str, port: int, pin: str = "", timeout: float = DIAL_TIMEOUT
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connect to a controller port; with ``pin``, over TLS with its certificate pinned."""
+    """Connect to a controller port; with ``pin``, over TLS with its certificate pinned. A
+    loopback address is reached through the controller's local socket where it has one."""
     try:
-        reader, writer = await asyncio.wait_for(
-            # A large buffer: the link brings the CPU plane's averages, hundreds of MB a round.
-            asyncio.open_connection(host, port, limit=1 << 22, ssl=client_context() if pin else None),
-            timeout,
-        )
+        reader, writer = await asyncio.wait_for(_open(host, port, client_context() if pin else None), timeout)
     except (OSError, asyncio.IncompleteReadError) as exc:
         if turned_away(exc):
             raise Transient(f"refused: {RATE_LIMITED.reason}", RATE_LIMITED.fix) from None
@@ -68,6 +65,18 @@ async def dial(
             writer.close()
             raise Permanent(exc.message, exc.fix) from None
     return reader, writer
+
+
+async def _open(
+    host: str, port: int, context: ssl.SSLContext | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    # A large buffer: the link brings the CPU plane's averages, hundreds of MB a round.
+    local = await local_port.connect(host, port)
+    if local is not None:
+        return await asyncio.open_unix_connection(
+            sock=local, limit=1 << 22, ssl=context, server_hostname=host if context else None
+        )
+    return await asyncio.open_connection(host, port, limit=1 << 22, ssl=context)
 
 
 def read_size(wanted: int) -> int:

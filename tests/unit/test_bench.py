@@ -77,14 +77,15 @@ def test_the_averaging_ratios_read_the_64_mb_rows() -> None:
     from bench import averaging
 
     rows = [
-        averaging.row("loopback", 2, 64, {"hub": 0.1, "hub_bf16": 0.2, "gloo": 0.05}),
-        averaging.row("loopback", 4, 64, {"hub": 0.4, "gloo": 0.2}),
+        averaging.row("loopback", 2, 64, {"hub": 0.1, "hub_bf16": 0.2, "hub_tcp": 0.125, "gloo": 0.05}),
+        averaging.row("loopback", 4, 64, {"hub": 0.4, "hub_tcp": 0.8, "gloo": 0.2}),
         averaging.row("shaped", 2, 64, {"hub": 0.5, "hub_bf16": 0.25, "gloo": 0.55}),
         averaging.row("loopback", 2, 1, {"hub": 9.0, "gloo": 1.0}),
     ]
     got = averaging.summary(rows, 10.0, None)
     assert (got["ratio"], got["ratio_bf16"], got["ratio_4"]) == (0.5, 0.25, 0.5)
     assert (got["shaped_ratio"], got["shaped_ratio_bf16"]) == (1.1, 2.2)
+    assert (got["ratio_tcp"], got["ratio_4_tcp"]) == (0.4, 0.25)  # the same box's agents over TCP
     assert averaging.summary(rows[:1], 10.0, "needs root")["shaped_ratio"] is None
     assert rows[0]["hub_gbps"] == round(64 * 2**20 / 0.1 / 1e9, 3)
 
