@@ -34,7 +34,8 @@ from flodl_agent.window import WindowConfig
 AGENT = """
 import asyncio, os, sys
 from flodl_agent import wire
-from flodl_agent.agent import AgentOptions, join_once
+from flodl_agent.agent import join_once
+from flodl_agent.agent_options import AgentOptions
 from flodl_agent.config import DeviceOffer
 
 port, host, cpus = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])

@@ -14,20 +14,18 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import wire
 from .address import join_address
+from .agent_options import AgentOptions
 from .averaging import AverageRelay
 from .box import box_offer, get_ready, this_box
-from .config.devices import DeviceOffer
-from .config.models import Source, Ssh
 from .containers import ComposeRanks, check_service
 from .errors import CLEAN, PERMANENT, TRANSIENT
 from .join_protocol import Aborted, Accepted, Closed, Event, Formed, JoinClient, JoinError, Message, Refused
@@ -37,7 +35,7 @@ from .offer import Offer
 from .prepare import Prepared
 from .publish import entry_command
 from .rank_env import rank_envs
-from .rank_io import CANNOT_EXECUTE, HEARTBEAT_EVERY, hang_up, heartbeat, output_lines, start_failure
+from .rank_io import CANNOT_EXECUTE, hang_up, heartbeat, output_lines, start_failure
 from .ranks import rank_span
 from .rendezvous import StreamRelay, serve_store, warm_store
 from .retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
@@ -51,33 +49,6 @@ BROKE_FIX = (
     "(permitopen)? Otherwise the controller went away; --persist re-dials"
 )
 KILL_GRACE = 5.0
-
-
-@dataclass
-class AgentOptions:
-    controller_host: str = "127.0.0.1"
-    controller_port: int = 1337
-    key: bytes | None = None  # this box's host key (options.join_key); None under open admission
-    host: str = field(default_factory=socket.gethostname)
-    devices: DeviceOffer = field(default_factory=lambda: DeviceOffer("all"))
-    bin: str | None = None  # this box's own entry point: with args, its ranks' command
-    ssh: Ssh | None = None
-    tunnel: bool = False  # dials through an ssh forward: ssh set, or a launcher's ssh -R
-    data_path: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    model_sig: str = ""
-    dataset_sig: str = ""
-    run_id: str = ""
-    socket_ifname: str = ""  # nccl_socket_ifname: NCCL's syntax; gloo gets one concrete interface
-    source: Source | None = None  # join.source: fetch, check and build the run before every dial
-    data_source: str = ""  # join.data_source: mount data_path read-only from here (sshfs, door A)
-    stage: str = "~/.flodl/stage"  # node-local: where the fetched tree and its build live
-    args: list[str] = field(default_factory=list)  # bin's arguments (a published manifest's replace them)
-    tls_fingerprint: str = ""  # the controller port speaks TLS: its certificate's pinned fingerprint
-    heartbeat_every: float = HEARTBEAT_EVERY  # seconds between beats while ranks train
-    # What only this box knows beats what the controller's cluster file says of it (the envelope):
-    docker: str = ""  # the compose service its ranks run in (join.docker / workers[].docker)
-    gpu_ram_share: float | None = None  # APU boxes: the RAM fraction the GPU claims (join.gpu_ram_share)
 
 
 class Attempt:

@@ -14,8 +14,8 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from .agent_options import AgentOptions
 from .config.devices import DeviceOffer
 from .gpus import amd_access, read_cards, read_torch
 from .net import DEAD_MOUNT, socket_ifnames
@@ -25,9 +25,6 @@ from .publish import rank_path
 from .rank_env import Box, box_env
 from .retry import Transient, failure
 from .signature import ProbeFailed, dataset_signature, probe_model
-
-if TYPE_CHECKING:
-    from .agent import AgentOptions
 
 
 def box_offer(devices: DeviceOffer) -> Offer:

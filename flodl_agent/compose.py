@@ -64,7 +64,6 @@ _OVERRIDES = {
 ENTRY = '. "$0" && exec "$@"'
 HOST_PYTHON_IN_CONTAINER = "python3"
 NO_START = 125  # the engines' own code for "the container did not run"
-SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # compose's own rule (and never an option)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 

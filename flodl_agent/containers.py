@@ -51,7 +51,7 @@ from .rank_env import Box, box_env
 from .retry import Permanent, Transient
 
 if TYPE_CHECKING:
-    from .agent import AgentOptions
+    from .agent_options import AgentOptions
     from .messages import WorldFormed
 
 RANKS_FIELD = "docker (join.docker, or workers[].docker in the cluster file)"

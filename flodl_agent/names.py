@@ -17,10 +17,13 @@ Pure: no IO.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 HOST_NAME_MAX = 253  # a full DNS name; the hello carries no longer one
 SHOWN_MAX = 60  # characters of a bad value quoted back in a message
+# A compose service (join.docker): compose's own rule, and never an option.
+SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _FORBIDDEN = "/\\:@"  # a path, an address (host:port), a login (user@host)
 
 

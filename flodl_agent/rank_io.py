@@ -17,7 +17,6 @@ from .metrics import read_reports
 from .retry import AgentFailure, Transient
 from .streams import write_parts
 
-HEARTBEAT_EVERY = 5.0  # seconds between beats while ranks train (the controller waits 30 by default)
 FIRST_BEAT = 1.0  # seconds from the ranks' start to the first beat
 CLOSE_TIMEOUT = 10.0
 # A shell's codes for a command it could not run: not found, found but not executable.

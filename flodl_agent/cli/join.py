@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 
-from ..agent import AgentOptions
 from ..agent import join as run_join
+from ..agent_options import AgentOptions
 from ..agent_spec import AgentSpec, decode
 from ..config import Join
 from ..libtorch import reexec, settle

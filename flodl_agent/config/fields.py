@@ -24,9 +24,8 @@ from pydantic import (
 )
 
 from ..address import AddressError, check_host, split_address
-from ..compose import SERVICE_NAME
 from ..credentials import valid_token
-from ..names import name_problem, shown
+from ..names import SERVICE_NAME, name_problem, shown
 from ..pin import normalize
 from ..sources import SpecError, parse_data_source, parse_source
 from .devices import DEVICES_JSON_SCHEMA, DeviceOffer, dump_devices, parse_devices

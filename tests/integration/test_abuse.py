@@ -29,7 +29,8 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from flodl_agent import preamble, wire
-from flodl_agent.agent import TRANSIENT, AgentFailure, AgentOptions, join_once
+from flodl_agent.agent import TRANSIENT, AgentFailure, join_once
+from flodl_agent.agent_options import AgentOptions
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
 from flodl_agent.http_surface import HttpLimits

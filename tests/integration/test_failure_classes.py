@@ -23,7 +23,8 @@ import pytest
 
 from flodl_agent import preamble
 from flodl_agent.admission import DialGuard
-from flodl_agent.agent import PERMANENT, TRANSIENT, AgentOptions, join
+from flodl_agent.agent import PERMANENT, TRANSIENT, join
+from flodl_agent.agent_options import AgentOptions
 from flodl_agent.config import ClusterBuilder, DeviceOffer
 from flodl_agent.config.models import Ssh
 from flodl_agent.controller import Controller

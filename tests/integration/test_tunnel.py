@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from flodl_agent.agent import PERMANENT, AgentFailure, AgentOptions
+from flodl_agent.agent import PERMANENT, AgentFailure
+from flodl_agent.agent_options import AgentOptions
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
 from tests.support.control_plane import run, settings, walk_in

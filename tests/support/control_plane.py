@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flodl_agent import wire
-from flodl_agent.agent import AgentFailure, AgentOptions, join_once
+from flodl_agent.agent import AgentFailure, join_once
+from flodl_agent.agent_options import AgentOptions
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller import Controller
 from flodl_agent.controller_settings import Settings

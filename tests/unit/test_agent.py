@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.agent import AgentFailure, AgentOptions, Attempt
+from flodl_agent.agent import AgentFailure, Attempt
+from flodl_agent.agent_options import AgentOptions
 from flodl_agent.agent_spec import decode
 from flodl_agent.box import box_offer
 from flodl_agent.config import DeviceOffer, Ssh
