@@ -11,7 +11,7 @@ each. Two networks:
 - **loopback**: everything on this box (memory-bound: the links are never the
   limit), 2 and 4 ranks, 1, 64 and 512 MB of float32; the machine's memory-copy
   bandwidth is printed beside. The agents dial 127.0.0.1 and so come through the
-  controller's local socket (:mod:`flodl_agent.local_port`), as walk-ins on its
+  controller's local socket (:mod:`flodl_agent.protocol.local_port`), as walk-ins on its
   box do; ``hub_tcp`` is the float32 hub with that socket off, over TCP loopback
   (as agents behind a tunnel reach it).
 - **shaped** (root, iproute2): a network namespace per host joined through a
@@ -58,8 +58,8 @@ from cryptography.hazmat.primitives import poly1305
 
 from bench import netns
 from bench.walkins import AGENT, free_port, run_world
-from flodl_agent import local_port
-from flodl_agent.hub import CHUNK
+from flodl_agent.protocol import local_port
+from flodl_agent.train.hub import CHUNK
 
 ROUNDS = 10
 CONTROLLER_PORT = 29500  # a fresh namespace: nothing else listens there
@@ -69,7 +69,7 @@ RUN_TIMEOUT = 600.0
 HUB_RANK = """
 import json, os, sys, time
 import torch
-from flodl_agent.averaging import Averager
+from flodl_agent.train import Averager
 
 numel, rounds, bf16, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 torch.set_num_threads(1)  # as gloo's ranks (OMP_NUM_THREADS=1): the hosts share this box's cores

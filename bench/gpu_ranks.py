@@ -102,7 +102,7 @@ open(os.path.join(out, f"{trainer.rank}.json"), "w").write(json.dumps(result))
 AVERAGING_RANK = """
 import json, os, statistics, sys, time
 import torch
-from flodl_agent.averaging import Averager
+from flodl_agent.train import Averager
 
 mb, rounds, out = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 rank = int(os.environ["RANK"])

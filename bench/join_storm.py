@@ -51,13 +51,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flodl_agent import wire
-from flodl_agent.controller import Controller
-from flodl_agent.controller_settings import Settings
-from flodl_agent.join_protocol import Accepted, Challenged, Formed, JoinClient
-from flodl_agent.messages import WorldFormed
-from flodl_agent.streams import next_event, write_parts
-from flodl_agent.window import WindowConfig
+from flodl_agent.controller.controller import Controller
+from flodl_agent.controller.settings import Settings
+from flodl_agent.controller.window import WindowConfig
+from flodl_agent.protocol import wire
+from flodl_agent.protocol.join_protocol import Accepted, Challenged, Formed, JoinClient
+from flodl_agent.protocol.messages import WorldFormed
+from flodl_agent.protocol.streams import next_event, write_parts
 
 FULL_NS = (100, 1000, 10000)
 QUICK_NS = (100, 1000)

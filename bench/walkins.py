@@ -26,16 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flodl_agent.controller import Controller
-from flodl_agent.controller_settings import Settings
-from flodl_agent.status import Unreachable, request
-from flodl_agent.window import WindowConfig
+from flodl_agent.controller.controller import Controller
+from flodl_agent.controller.settings import Settings
+from flodl_agent.controller.window import WindowConfig
+from flodl_agent.observe.status import Unreachable, request
 
 AGENT = """
 import asyncio, os, sys
-from flodl_agent import wire
-from flodl_agent.agent import join_once
-from flodl_agent.agent_options import AgentOptions
+from flodl_agent.protocol import wire
+from flodl_agent.agent.agent import join_once
+from flodl_agent.agent.options import AgentOptions
 from flodl_agent.config import DeviceOffer
 
 port, host, cpus = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
@@ -101,7 +101,11 @@ class WorldFailed(RuntimeError):
 def fdl_command() -> list[str]:
     """`fdl` run by this interpreter from the package on its path (a checkout on PYTHONPATH
     has no console script)."""
-    return [sys.executable, "-c", "import sys; sys.argv[0] = 'fdl'; from flodl_agent.cli import main; main()"]
+    return [
+        sys.executable,
+        "-c",
+        "import sys; sys.argv[0] = 'fdl'; from flodl_agent.cli.main import main; main()",
+    ]
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:

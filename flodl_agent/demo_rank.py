@@ -51,7 +51,7 @@ def main() -> None:
 def trainer(rounds: int, pace: float, checkpoint: str) -> int:
     import torch
 
-    from .train import ElCheConfig, ShutdownWithSave, Trainer
+    from .train.trainer import ElCheConfig, ShutdownWithSave, Trainer
 
     class Paced(torch.nn.Linear):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,9 @@ from pathlib import Path
 import click
 
 from ..address import join_address, local_address
-from ..launcher import LaunchOptions
-from ..messages import Plane
+from ..fleet.launcher import LaunchOptions
 from ..names import name_problem, shown
+from ..protocol.messages import Plane
 from .common import fail, load, project_file
 from .launch import launch_loaded
 from .probe import probe_cluster

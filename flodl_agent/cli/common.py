@@ -17,7 +17,7 @@ from rich.markup import escape
 from ..config import ConfigError, Loaded, Problem, load_config
 from ..credentials import read_token
 from ..names import printable_lines
-from ..options import OptionError
+from .options import OptionError
 
 PROJECT_FILE = Path("fdl.yml")
 CLUSTER_FILE = Path("fdl.cluster.yml")

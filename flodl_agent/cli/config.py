@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from ..config import FdlConfig
-from ..ranks import known_ranks, plan_window, rank_span
+from ..config.ranks import known_ranks, plan_window, rank_span
 from .common import base_opt, emit_json, file_arg, json_opt, load, out, print_problems
 
 EXAMPLES = ("lab", "local", "reference")

@@ -44,8 +44,8 @@ def deploy(
     under the artifacts directory, and the exit code of ansible-playbook itself
     (0 ok, 2 a host failed, 4 a host unreachable).
     """
-    from ..deploy import DeployError, HostResult
-    from ..deploy import deploy as run_deploy
+    from ..fleet.deploy import DeployError, HostResult
+    from ..fleet.deploy import deploy as run_deploy
 
     extravars: dict[str, str] = {}
     for item in extras:

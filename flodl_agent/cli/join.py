@@ -15,14 +15,14 @@ from pathlib import Path
 
 import click
 
-from ..agent import join as run_join
-from ..agent_options import AgentOptions
-from ..agent_spec import AgentSpec, decode
+from ..agent.agent import join as run_join
+from ..agent.options import AgentOptions
+from ..agent.spec import AgentSpec, decode
 from ..config import Join
-from ..libtorch import reexec, settle
-from ..options import JoinFlags, OptionError, resolve_join, resolve_libtorch
+from ..hardware.libtorch import reexec, settle
 from ..retry import AgentFailure
 from .common import TailCommand, err, fail, load, log, option_error, project_file, token_or_exit
+from .options import JoinFlags, OptionError, resolve_join, resolve_libtorch
 
 
 def read_spec(from_stdin: bool, command: str = "join") -> AgentSpec:

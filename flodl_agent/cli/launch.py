@@ -12,12 +12,12 @@ from rich.markup import escape
 
 from ..address import AddressError, check_host
 from ..config import Loaded
-from ..controller import Controller
-from ..launcher import LaunchError, LaunchOptions
-from ..launcher import launch as run_launch
-from ..messages import Plane
-from ..status import one_line
-from ..supervision import parse_max_failure
+from ..controller.controller import Controller
+from ..controller.supervision import parse_max_failure
+from ..fleet.launcher import LaunchError, LaunchOptions
+from ..fleet.launcher import launch as run_launch
+from ..observe.status import one_line
+from ..protocol.messages import Plane
 from .common import base_opt, err, load, log, print_problems
 
 

@@ -1,7 +1,7 @@
 """`fdl libtorch`: the torch variants on this box, and acquiring one (what join.libtorch uses).
 
-The shell over :mod:`flodl_agent.libtorch` (reading the venvs and the cards, acquiring)
-and :mod:`flodl_agent.variants` (the choice, the listing): the same root, the same rule
+The shell over :mod:`flodl_agent.hardware.libtorch` (reading the venvs and the cards, acquiring)
+and :mod:`flodl_agent.hardware.variants` (the choice, the listing): the same root, the same rule
 and the same sources as `fdl join`, so what these commands say is what a join does.
 """
 
@@ -16,10 +16,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..config import Join
-from ..options import OptionError, resolve_libtorch
 from ..retry import AgentFailure
 from .common import emit_json, fail, json_opt, log, out
 from .join import join_block
+from .options import OptionError, resolve_libtorch
 
 config_opt = click.option(
     "--config",
@@ -81,8 +81,8 @@ def list_cmd(config_file: Path | None, as_json: bool) -> None:
     kernels for, its NCCL, and whether it covers this box's cards (read from
     nvidia-smi and the KFD topology, never torch). Exit 0.
     """
-    from ..libtorch import survey
-    from ..variants import listing
+    from ..hardware.libtorch import survey
+    from ..hardware.variants import listing
 
     block = join_block(config_file)
     found = survey("auto")
@@ -153,8 +153,8 @@ def which_cmd(variant: str | None, config_file: Path | None, as_json: bool) -> N
     VARIANT defaults to join.libtorch of fdl.yml, else auto. Exit 0 when it is
     determined, 2 when it cannot be (the fix is named).
     """
-    from ..libtorch import survey
-    from ..variants import choice_json
+    from ..hardware.libtorch import survey
+    from ..hardware.variants import choice_json
 
     block = join_block(config_file)
     wanted = variant or block.libtorch or "auto"
@@ -191,8 +191,8 @@ def acquire_cmd(variant: str, source: str | None, config_file: Path | None, as_j
     installed. Already there: says so and exits 0. Exit 1 when the source
     could not be reached (try again), 2 when it cannot serve VARIANT.
     """
-    from ..libtorch import acquire, survey
-    from ..variants import choice_json, source_for
+    from ..hardware.libtorch import acquire, survey
+    from ..hardware.variants import choice_json, source_for
 
     block = join_block(config_file)
     try:

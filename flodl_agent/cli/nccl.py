@@ -39,8 +39,8 @@ def nccl_pin(
     cohort's version; it prints the join.env entry that puts the pinned library first.
     Exit 0 pinned, 1 otherwise.
     """
-    from ..nccl import NcclError
-    from ..nccl import pin as run_pin
+    from ..probing.nccl import NcclError
+    from ..probing.nccl import pin as run_pin
 
     target = (venv or Path(sys.prefix)).absolute()
     try:

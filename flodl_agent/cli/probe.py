@@ -11,8 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..config import Cluster, ConfigError, load_config
-from ..findings import Finding
-from ..options import OptionError, probe_join
+from ..probing.findings import Finding
 from .common import (
     CLUSTER_FILE,
     base_opt,
@@ -25,6 +24,7 @@ from .common import (
     project_file,
 )
 from .join import read_spec
+from .options import OptionError, probe_join
 
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "fail": "red bold"}
 
@@ -74,7 +74,7 @@ def probe(
     controller port, and stale config keys.
     Exit 0 when nothing failed, 1 otherwise.
     """
-    from ..probe import as_json_payload, check, gather
+    from ..probing.probe import as_json_payload, check, gather
 
     if capture_to is not None:
         write_capture(capture_to, config_file, base, as_json)
@@ -112,9 +112,9 @@ def probe(
 
 def probe_cluster(cluster: Cluster, name: str, as_json: bool) -> NoReturn:
     """`fdl @NAME probe`: every worker over ssh, the controller here, and the findings across them."""
-    from ..cluster_probe import across
-    from ..cluster_probe import as_json as cluster_json
-    from ..cluster_probe import probe_cluster as run_probe
+    from ..fleet.cluster_probe import across
+    from ..fleet.cluster_probe import as_json as cluster_json
+    from ..fleet.cluster_probe import probe_cluster as run_probe
 
     if not as_json:
         err.print(f"probing the controller and {len(cluster.workers)} worker(s) of {name}…", style="dim")
@@ -153,7 +153,7 @@ def _check_capture_dest(dest: Path) -> None:
 
 def write_capture(dest: Path, config_file: Path | None, base: Path | None, as_json: bool) -> NoReturn:
     """`fdl probe --capture DEST`: write it, list what is in it (what was missing, failed or cut)."""
-    from ..capture import capture
+    from ..probing.capture import capture
 
     try:
         _check_capture_dest(dest)

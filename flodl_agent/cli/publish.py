@@ -10,7 +10,6 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ..options import OptionError, PublishFlags, resolve_publish
 from .common import (
     CLUSTER_FILE,
     TailCommand,
@@ -23,6 +22,7 @@ from .common import (
     out,
     project_file,
 )
+from .options import OptionError, PublishFlags, resolve_publish
 
 
 class _PublishCommand(TailCommand):
@@ -49,7 +49,7 @@ class _PublishCommand(TailCommand):
     default=None,
     help="Probe the entry's model here; every box then probes its own before it dials, and the "
     "join window refuses a box that builds a different model. The entry must build its model "
-    "through flodl_agent.train.Trainer (or call flodl_agent.signature.answer_probe).",
+    "through flodl_agent.train.Trainer (or call flodl_agent.train.answer_probe).",
 )
 @click.option(
     "--config",
@@ -93,9 +93,9 @@ def publish(
     1 otherwise (nothing published).
     """
     from ..config import Publish
-    from ..manifest import PublishError
-    from ..publish import PublishRequest
-    from ..publish import publish as run_publish
+    from ..fleet.publish import PublishRequest
+    from ..fleet.publish import publish as run_publish
+    from ..sources.manifest import PublishError
 
     path = project_file(config_file)
     project = load(path, None, as_json).config if path else None

@@ -19,11 +19,11 @@ from rich.live import Live
 
 from ..address import split_address
 from ..config import Cluster, ConfigError, load_config
-from ..options import OptionError, resolve_addr, resolve_pin
-from ..status import Unreachable, peer, render, render_verdict, request
-from ..tls import cert_fingerprint
-from ..verdict import last_verdict
+from ..observe.status import Unreachable, peer, render, render_verdict, request
+from ..observe.verdict import last_verdict
+from ..protocol.tls import cert_fingerprint
 from .common import CLUSTER_FILE, emit_json, err, json_opt, option_error, out, stdout_gone, token_or_exit
+from .options import OptionError, resolve_addr, resolve_pin
 
 addr_opt = click.option(
     "--addr", help="Controller address host:port (default: ./fdl.cluster.yml, else 127.0.0.1:1337)."

@@ -40,7 +40,7 @@ def _names(values: tuple[str, ...]) -> tuple[str, ...]:
 def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> None:
     """Write a self-signed certificate and key (0600) for cluster.controller.tls; print the fingerprint
     workers pin (join.tls_fingerprint)."""
-    from ..tls import generate
+    from ..protocol.tls import generate
 
     if (cert.exists() or key.exists()) and not force:
         fail(
@@ -62,7 +62,7 @@ def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> 
 @click.argument("cert", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 def tls_fingerprint(cert: Path) -> None:
     """Print a PEM certificate's pin (sha256:<hex>), as join.tls_fingerprint takes it."""
-    from ..tls import cert_fingerprint
+    from ..protocol.tls import cert_fingerprint
 
     try:
         click.echo(cert_fingerprint(cert))

@@ -27,7 +27,7 @@ from ..address import AddressError, check_host, split_address
 from ..credentials import valid_token
 from ..names import SERVICE_NAME, name_problem, shown
 from ..pin import normalize
-from ..sources import SpecError, parse_data_source, parse_source
+from ..sources.spec import SpecError, parse_data_source, parse_source
 from .devices import DEVICES_JSON_SCHEMA, DeviceOffer, dump_devices, parse_devices
 from .problems import Rule, fail
 

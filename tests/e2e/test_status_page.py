@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from flodl_agent.agent import AgentFailure
-from flodl_agent.controller import Controller
+from flodl_agent.agent.agent import AgentFailure
+from flodl_agent.controller.controller import Controller
 from tests.support.control_plane import agent, settings, walk_in
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -36,8 +36,8 @@ AVERAGING = """
 import os, time
 from pathlib import Path
 import torch
-from flodl_agent.averaging import Averager
-from flodl_agent.metrics import report
+from flodl_agent.train import Averager
+from flodl_agent.observe.metrics import report
 rank = int(os.environ["RANK"])
 plane = Averager()
 weights = torch.zeros(8)

@@ -16,9 +16,9 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from flodl_agent import wire
-    from flodl_agent.admission import Cohort, check
-    from flodl_agent.messages import BadMessage, Hello, parse
+    from flodl_agent.controller.admission import Cohort, check
+    from flodl_agent.protocol import wire
+    from flodl_agent.protocol.messages import BadMessage, Hello, parse
 
 KEY = bytes(range(32))
 CAP = 4096

@@ -28,16 +28,16 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from flodl_agent import preamble, wire
-from flodl_agent.agent import TRANSIENT, AgentFailure, join_once
-from flodl_agent.agent_options import AgentOptions
+from flodl_agent.agent.agent import TRANSIENT, AgentFailure, join_once
+from flodl_agent.agent.options import AgentOptions
 from flodl_agent.config import DeviceOffer
-from flodl_agent.controller import Controller
-from flodl_agent.http_surface import HttpLimits
-from flodl_agent.join_protocol import Challenged, JoinClient
-from flodl_agent.listener import Timeouts
-from flodl_agent.status import Unreachable, request
-from flodl_agent.tls import generate
+from flodl_agent.controller.controller import Controller
+from flodl_agent.controller.http_surface import HttpLimits
+from flodl_agent.controller.listener import Timeouts
+from flodl_agent.observe.status import Unreachable, request
+from flodl_agent.protocol import preamble, wire
+from flodl_agent.protocol.join_protocol import Challenged, JoinClient
+from flodl_agent.protocol.tls import generate
 from tests.support import free_port, remote_address
 from tests.support.control_plane import agent, run, settings, until, walk_in
 

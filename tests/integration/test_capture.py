@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.capture import Roots, capture
+from flodl_agent.probing.capture import Roots, capture
 from tests.support.libtorch import FDL, run_fdl
 
 TOKEN = "0123456789abcdef" * 2

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from flodl_agent.cli.main import cli
-from flodl_agent.tls import generate
+from flodl_agent.protocol.tls import generate
 from tests.support import hostile
 
 # docs/control-plane.md, "Exit codes": per command, what an exit code may be.

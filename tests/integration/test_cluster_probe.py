@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flodl_agent.signature import dataset_signature
+from flodl_agent.train.signature import dataset_signature
 from tests.support import free_port
 from tests.support.sshd import Sshd, loopback_cluster
 

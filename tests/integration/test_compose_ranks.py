@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from flodl_agent.agent import AgentFailure
-from flodl_agent.controller import Controller
+from flodl_agent.agent.agent import AgentFailure
+from flodl_agent.controller.controller import Controller
 from flodl_agent.errors import PERMANENT, TRANSIENT
 from tests.support import compose as kit
 from tests.support.control_plane import agent, run, settings, until, walk_in

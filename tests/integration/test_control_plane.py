@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from flodl_agent import preamble, wire
-from flodl_agent.agent import PERMANENT, TRANSIENT, AgentFailure, join
-from flodl_agent.controller import Controller
-from flodl_agent.controller_settings import Settings
-from flodl_agent.messages import Challenge, Hello
-from flodl_agent.messages import parse as parse_message
-from flodl_agent.window import WindowConfig
+from flodl_agent.agent.agent import PERMANENT, TRANSIENT, AgentFailure, join
+from flodl_agent.controller.controller import Controller
+from flodl_agent.controller.settings import Settings
+from flodl_agent.controller.window import WindowConfig
+from flodl_agent.protocol import preamble, wire
+from flodl_agent.protocol.messages import Challenge, Hello
+from flodl_agent.protocol.messages import parse as parse_message
 from tests.support.control_plane import OK, agent, api, run, settings, until, walk_in
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.controller import Controller
+from flodl_agent.controller.controller import Controller
 from tests.support.control_plane import agent, run, settings, walk_in, walk_ins
 
 pytest.importorskip("torch")
@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 SCRIPT = """
 import json, os, sys
 import torch
-from flodl_agent.averaging import Averager
+from flodl_agent.train import Averager
 
 rank = int(os.environ["RANK"])
 avg = Averager(bf16_wire=sys.argv[2] == "bf16")
@@ -32,7 +32,7 @@ open(os.path.join(sys.argv[1], str(rank)), "w").write(json.dumps(out))
 STREAMED = """
 import json, os, sys
 import torch
-from flodl_agent.averaging import Averager
+from flodl_agent.train import Averager
 
 rank = int(os.environ["RANK"])
 avg = Averager(bf16_wire=sys.argv[2] == "bf16")
@@ -52,8 +52,8 @@ open(os.path.join(sys.argv[1], str(rank)), "w").write(json.dumps([totals, block,
 ADOPTED = """
 import json, os, sys
 import torch
-from flodl_agent import wire
-from flodl_agent.averaging import ENV_DIR, Averager
+from flodl_agent.protocol import wire
+from flodl_agent.train.averaging import ENV_DIR, Averager
 
 rank = int(os.environ["RANK"])
 avg = Averager()
@@ -81,7 +81,7 @@ open(os.path.join(sys.argv[1], str(rank)), "w").write(json.dumps(out))
 
 MISMATCH = """
 import os, torch
-from flodl_agent.averaging import Averager
+from flodl_agent.train import Averager
 
 rank = int(os.environ["RANK"])
 Averager().average([torch.zeros(4 if rank == 1 else 3)], 1.0)
@@ -123,7 +123,7 @@ def test_weighted_averaging_across_hosts_through_the_controller(tmp_path: Path, 
 
 @pytest.mark.parametrize("wire", ["f32", "bf16"])
 def test_a_model_of_several_pieces_streams_through_the_hub(tmp_path: Path, wire: str) -> None:
-    from flodl_agent.hub import CHUNK
+    from flodl_agent.train.hub import CHUNK
 
     out = tmp_path / "out"
     out.mkdir()

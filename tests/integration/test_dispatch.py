@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from flodl_agent.config import Cluster, load_config
-from flodl_agent.dispatch import DispatchError, count_devices
+from flodl_agent.fleet.dispatch import DispatchError, count_devices
 from tests.support import free_port
 from tests.support import sshd as sshd_kit
 from tests.support.sshd import Sshd, loopback_cluster

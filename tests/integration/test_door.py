@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.manifest import MANIFEST
-from flodl_agent.publish import PublishRequest, publish
-from flodl_agent.sources import parse_source
+from flodl_agent.fleet.publish import PublishRequest, publish
+from flodl_agent.sources.manifest import MANIFEST
+from flodl_agent.sources.spec import parse_source
 from tests.support import sshd as sshd_kit
 from tests.support.sshd import Sshd, door_fetch
 

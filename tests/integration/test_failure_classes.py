@@ -21,20 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent import preamble
-from flodl_agent.admission import DialGuard
-from flodl_agent.agent import PERMANENT, TRANSIENT, join
-from flodl_agent.agent_options import AgentOptions
+from flodl_agent.agent.agent import PERMANENT, TRANSIENT, join
+from flodl_agent.agent.options import AgentOptions
+from flodl_agent.agent.prepare import PrepareFailure, mount_data
 from flodl_agent.config import ClusterBuilder, DeviceOffer
 from flodl_agent.config.models import Ssh
-from flodl_agent.controller import Controller
-from flodl_agent.gpus import AmdAccess, amd_access
-from flodl_agent.launcher import LaunchError, LaunchOptions, launch
-from flodl_agent.offer import amd_gaps
-from flodl_agent.prepare import PrepareFailure, mount_data
+from flodl_agent.controller.admission import DialGuard
+from flodl_agent.controller.controller import Controller
+from flodl_agent.fleet.launcher import LaunchError, LaunchOptions, launch
+from flodl_agent.hardware.gpus import AmdAccess, amd_access
+from flodl_agent.hardware.offer import amd_gaps
+from flodl_agent.observe.status import Unreachable, request
+from flodl_agent.protocol import preamble
+from flodl_agent.protocol.tunnel import Tunnel
 from flodl_agent.retry import Transient
-from flodl_agent.status import Unreachable, request
-from flodl_agent.tunnel import Tunnel
 from tests.support import free_port, remote_address
 from tests.support.control_plane import OK, agent, run, settings, until, walk_in
 from tests.support.sshd import Sshd

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.controller import Controller
+from flodl_agent.controller.controller import Controller
 from tests.support.control_plane import agent, run, settings, walk_in, walk_ins
 
 torch = pytest.importorskip("torch")
@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 SCRIPT = """
 import json, os, sys, time
 import torch
-from flodl_agent.train import ElCheConfig, ShutdownWithSave, Trainer
+from flodl_agent.train.trainer import ElCheConfig, ShutdownWithSave, Trainer
 
 out = sys.argv[1]
 rank = int(os.environ["RANK"])

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.agent_spec import decode
+from flodl_agent.agent.spec import decode
 from flodl_agent.config import Cluster, ClusterBuilder
-from flodl_agent.fanout import orphan_tag, plan, remote_command
-from flodl_agent.tls import generate
+from flodl_agent.fleet.fanout import orphan_tag, plan, remote_command
+from flodl_agent.protocol.tls import generate
 from tests.support import free_port
 from tests.support.sshd import Sshd, loopback_cluster
 
@@ -115,7 +115,7 @@ def test_tunnel_workers_dial_through_a_remote_forward() -> None:
 
 
 def test_bind_all_controller_cannot_be_dialled() -> None:
-    from flodl_agent.fanout import FanoutError
+    from flodl_agent.fleet.fanout import FanoutError
 
     cluster = ClusterBuilder().controller("0.0.0.0").worker("node-a").build()
     with pytest.raises(FanoutError, match="bind-all"):
@@ -140,7 +140,7 @@ def test_a_worker_that_cannot_be_reached_fails_the_launch_at_once(sshd: Sshd, tm
 
 
 def test_tunnel_only_binds_loopback_and_tunnels_every_worker() -> None:
-    from flodl_agent.launcher import LaunchOptions, controller_for
+    from flodl_agent.fleet.launcher import LaunchOptions, controller_for
 
     cluster = (
         ClusterBuilder()
@@ -158,7 +158,7 @@ def test_tunnel_only_binds_loopback_and_tunnels_every_worker() -> None:
 
 
 def test_the_plane_comes_from_the_flag_then_the_file_and_nccl_refuses_a_tunnel_at_launch() -> None:
-    from flodl_agent.launcher import LaunchError, LaunchOptions, controller_for
+    from flodl_agent.fleet.launcher import LaunchError, LaunchOptions, controller_for
 
     def cluster(plane: str = "", **worker: object) -> Cluster:
         builder = ClusterBuilder().controller("10.0.0.1").worker("node-a", local_devices=[0], **worker)

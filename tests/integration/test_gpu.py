@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flodl_agent.config import DeviceOffer
-from flodl_agent.controller import Controller
+from flodl_agent.controller.controller import Controller
 from tests.support.control_plane import agent, run, settings, walk_in
 
 torch = pytest.importorskip("torch")

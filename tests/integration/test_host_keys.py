@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from flodl_agent import wire
-from flodl_agent.agent import PERMANENT, TRANSIENT, AgentFailure
-from flodl_agent.controller import Controller
+from flodl_agent.agent.agent import PERMANENT, TRANSIENT, AgentFailure
+from flodl_agent.controller.controller import Controller
+from flodl_agent.protocol import wire
 from tests.support.control_plane import agent, run, settings, until, walk_in
 
 TOKEN = "00112233445566778899aabbccddeeff"
@@ -139,7 +139,7 @@ def test_fdl_join_with_a_stolen_fdl_yml_exits_2_naming_the_key(tmp_path: Path) -
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
-            "from flodl_agent.cli import main; raise SystemExit(main())",
+            "from flodl_agent.cli.main import main; raise SystemExit(main())",
             "join",
             "--config",
             str(config),

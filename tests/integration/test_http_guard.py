@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from flodl_agent.controller import Controller
+from flodl_agent.controller.controller import Controller
 from tests.support.control_plane import agent, api, run, settings, until, walk_in
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.agent_spec import AgentSpec, encode
+from flodl_agent.agent.spec import AgentSpec, encode
 from flodl_agent.errors import PERMANENT, TRANSIENT
-from flodl_agent.libtorch import acquire, installed, relocate
+from flodl_agent.hardware.libtorch import acquire, installed, relocate
 from flodl_agent.retry import Permanent
 from tests.support import free_port
 from tests.support.libtorch import FDL, fdl_env, run_fdl, stand_in_nvidia_smi, variant_venv

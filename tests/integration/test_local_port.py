@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from flodl_agent import agent as agent_module
-from flodl_agent import local_port
-from flodl_agent.controller import Controller
+from flodl_agent.agent import agent as agent_module
+from flodl_agent.controller.controller import Controller
+from flodl_agent.protocol import local_port
+from flodl_agent.protocol.streams import dial
+from flodl_agent.protocol.tls import generate
 from flodl_agent.retry import Permanent
-from flodl_agent.streams import dial
-from flodl_agent.tls import generate
 from tests.support.control_plane import run, settings, walk_ins
 
 

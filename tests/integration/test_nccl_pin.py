@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from flodl_agent.cli import cli
-from flodl_agent.nccl import NcclError, package_for, pin
+from flodl_agent.cli.main import cli
+from flodl_agent.probing.nccl import NcclError, package_for, pin
 
 
 def stand_in_wheel(wheelhouse: Path, version: str) -> Path:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from flodl_agent.agent import AgentFailure
-from flodl_agent.controller import Controller
+from flodl_agent.agent.agent import AgentFailure
+from flodl_agent.controller.controller import Controller
 from tests.support.control_plane import REPORTING, agent, get_json, run, settings, until, walk_in
 
 
@@ -110,7 +110,7 @@ def test_the_status_page_is_one_self_contained_file() -> None:
 # A rank that reports as it goes and ends within a second.
 SHORT = """
 import time
-from flodl_agent.metrics import report
+from flodl_agent.observe.metrics import report
 for step in range(1, 41):
     report(step, loss=1.0 / step)
     time.sleep(0.01)

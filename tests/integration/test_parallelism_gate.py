@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flodl_agent.controller import Controller
+from flodl_agent.controller.controller import Controller
 from flodl_agent.placement import PlacementError
 from flodl_agent.placement.parallel import check_world, parse_parallelism
 from tests.support.control_plane import run, settings, walk_ins
@@ -49,7 +49,7 @@ def test_the_request_parses_and_uneven_hosts_are_named() -> None:
 def test_fdl_launch_refuses_a_malformed_request_before_opening_anything() -> None:
     from click.testing import CliRunner
 
-    from flodl_agent.cli import cli
+    from flodl_agent.cli.main import cli
 
     result = CliRunner().invoke(cli, ["launch", "--parallelism", "tensor=two", "--", "true"])
     assert result.exit_code == 2 and "--parallelism" in result.output and "whole numbers" in result.output

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from flodl_agent.controller import Controller
-from flodl_agent.join_protocol import Accepted, Challenged, Closed, JoinClient, JoinError, JoinServer
-from flodl_agent.streams import next_event
-from flodl_agent.wire import OPEN_KEY
+from flodl_agent.controller.controller import Controller
+from flodl_agent.protocol.join_protocol import Accepted, Challenged, Closed, JoinClient, JoinError, JoinServer
+from flodl_agent.protocol.streams import next_event
+from flodl_agent.protocol.wire import OPEN_KEY
 from tests.support.control_plane import run, settings
 
 HOSTILE = [

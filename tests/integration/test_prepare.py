@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
-from flodl_agent.agent import AgentFailure
+from flodl_agent.agent.agent import AgentFailure
+from flodl_agent.agent.prepare import PERMANENT, TRANSIENT, PrepareFailure, missing_package, prepare
 from flodl_agent.config.models import Source, Ssh
-from flodl_agent.controller import Controller
-from flodl_agent.manifest import MANIFEST, read_manifest
-from flodl_agent.prepare import PERMANENT, TRANSIENT, PrepareFailure, missing_package, prepare
-from flodl_agent.publish import PublishRequest, publish
-from flodl_agent.sources import parse_source
+from flodl_agent.controller.controller import Controller
+from flodl_agent.fleet.publish import PublishRequest, publish
+from flodl_agent.sources.manifest import MANIFEST, read_manifest
+from flodl_agent.sources.spec import parse_source
 from tests.support.control_plane import agent, run, settings, until, walk_in
 from tests.support.sshd import Sshd, door_fetch
 
@@ -355,7 +355,7 @@ def test_a_walk_in_mounts_its_data_read_only_reuses_it_and_replaces_a_dead_one(
 ) -> None:
     import subprocess
 
-    from flodl_agent.prepare import mount_data
+    from flodl_agent.agent.prepare import mount_data
 
     root = tmp_path / "data"
     root.mkdir()
@@ -414,7 +414,7 @@ def test_a_model_probe_answers_once_per_command_and_entry_mtime(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch = pytest.importorskip("torch")
-    from flodl_agent.signature import ProbeFailed, model_signature, probe_model
+    from flodl_agent.train.signature import ProbeFailed, model_signature, probe_model
 
     count = tmp_path / "count"
     monkeypatch.setenv("COUNT", str(count))
@@ -440,8 +440,8 @@ def test_publish_probes_the_model_and_refuses_an_entry_that_cannot_answer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch = pytest.importorskip("torch")
-    from flodl_agent.manifest import PublishError
-    from flodl_agent.signature import model_signature
+    from flodl_agent.sources.manifest import PublishError
+    from flodl_agent.train.signature import model_signature
 
     monkeypatch.setenv("COUNT", str(tmp_path / "count"))
     _, request = probed(tmp_path, model_probe=True)
@@ -512,7 +512,7 @@ def test_a_host_key_that_does_not_match_its_pin_stops_fetch_and_mount_for_good(
     tmp_path: Path, sshd: Sshd, how: str
 ) -> None:
     """The same words and exit 2 as the tunnel's (test_tunnel): one classifier for all three."""
-    from flodl_agent.prepare import mount_data
+    from flodl_agent.agent.prepare import mount_data
 
     served = published(tmp_path)
     ssh = Ssh(identity_file=str(sshd.client_key), options=sshd.options)

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from flodl_agent import wire
-from flodl_agent.agent_spec import AgentSpec
+from flodl_agent.agent.spec import AgentSpec
+from flodl_agent.cli.options import JoinFlags, resolve_join
 from flodl_agent.config import Join
-from flodl_agent.options import JoinFlags, resolve_join
+from flodl_agent.protocol import wire
 
 ROOT = Path(__file__).parents[2]
 BIN = ROOT / ".venv" / "bin"

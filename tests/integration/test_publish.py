@@ -13,10 +13,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from flodl_agent.cli import cli
-from flodl_agent.manifest import DIGEST_FILE, MANIFEST, PublishError, read_manifest, verify
-from flodl_agent.publish import PublishRequest, publish
-from flodl_agent.sources import parse_source
+from flodl_agent.cli.main import cli
+from flodl_agent.fleet.publish import PublishRequest, publish
+from flodl_agent.sources.manifest import DIGEST_FILE, MANIFEST, PublishError, read_manifest, verify
+from flodl_agent.sources.spec import parse_source
 from tests.support.sshd import Sshd
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")

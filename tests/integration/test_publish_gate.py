@@ -16,8 +16,8 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from flodl_agent.cli import cli
-from flodl_agent.manifest import read_manifest
+from flodl_agent.cli.main import cli
+from flodl_agent.sources.manifest import read_manifest
 from tests.support import compose as kit
 
 # The entry answers the model probe with a signature only its interpreter can give.

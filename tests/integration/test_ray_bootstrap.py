@@ -124,7 +124,7 @@ def test_a_fleet_node_registers_its_nvlink_domain_and_topological_rank(tmp_path:
 def test_a_fleet_node_without_ray_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from flodl_agent.cli import cli
+    from flodl_agent.cli.main import cli
 
     dry = CliRunner().invoke(cli, ["placement", "node", "--address", "head.example", "--dry-run"])
     assert dry.exit_code == 0 and "--address=head.example:6379" in dry.output and "--block" in dry.output

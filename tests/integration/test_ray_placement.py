@@ -146,7 +146,7 @@ def test_fdl_plan_reads_the_live_cluster_and_picks_its_segments(cluster: tuple[A
 
     from click.testing import CliRunner
 
-    from flodl_agent.cli import cli
+    from flodl_agent.cli.main import cli
 
     lab, _ = cluster
     runner = CliRunner()

@@ -11,10 +11,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from flodl_agent import preamble, wire
-from flodl_agent.agent import PERMANENT, AgentFailure
-from flodl_agent.controller import Controller
-from flodl_agent.status import refusal_counts, render
+from flodl_agent.agent.agent import PERMANENT, AgentFailure
+from flodl_agent.controller.controller import Controller
+from flodl_agent.observe.status import refusal_counts, render
+from flodl_agent.protocol import preamble, wire
 from tests.support.control_plane import agent, run, settings, until, walk_in
 
 TOKEN = "00112233445566778899aabbccddeeff"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent import wire
-from flodl_agent.controller import Controller
-from flodl_agent.join_protocol import Accepted, Challenged, JoinClient
-from flodl_agent.messages import Stream
-from flodl_agent.streams import next_event, write_parts
+from flodl_agent.controller.controller import Controller
+from flodl_agent.protocol import wire
+from flodl_agent.protocol.join_protocol import Accepted, Challenged, JoinClient
+from flodl_agent.protocol.messages import Stream
+from flodl_agent.protocol.streams import next_event, write_parts
 from tests.support.control_plane import run, settings, until, walk_ins
 
 torch = pytest.importorskip("torch")

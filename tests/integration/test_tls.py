@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from flodl_agent.agent import PERMANENT, AgentFailure
-from flodl_agent.controller import Controller
+from flodl_agent.agent.agent import PERMANENT, AgentFailure
+from flodl_agent.controller.controller import Controller
+from flodl_agent.observe.status import Unreachable, request
 from flodl_agent.pin import cleartext_warning, normalize
-from flodl_agent.status import Unreachable, request
-from flodl_agent.tls import cert_fingerprint, generate
+from flodl_agent.protocol.tls import cert_fingerprint, generate
 from tests.support.control_plane import agent, run, settings, walk_in
 
 FDL = Path(sys.executable).with_name("fdl")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from flodl_agent.agent import PERMANENT, AgentFailure
-from flodl_agent.agent_options import AgentOptions
+from flodl_agent.agent.agent import PERMANENT, AgentFailure
+from flodl_agent.agent.options import AgentOptions
 from flodl_agent.config import DeviceOffer
-from flodl_agent.controller import Controller
+from flodl_agent.controller.controller import Controller
 from tests.support.control_plane import run, settings, walk_in
 from tests.support.sshd import Sshd
 

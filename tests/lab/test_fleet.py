@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flodl_agent import wire
 from flodl_agent.pin import normalize
+from flodl_agent.protocol import wire
 from tests.support.lab import CONTROLLER, ROOT, WORKERS, bare_check, booted, in_lab, journals, on, play
 
 pytestmark = pytest.mark.lab

@@ -11,13 +11,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from flodl_agent import wire
-from flodl_agent.agent import AgentFailure, join_once
-from flodl_agent.agent_options import AgentOptions
+from flodl_agent.agent.agent import AgentFailure, join_once
+from flodl_agent.agent.options import AgentOptions
 from flodl_agent.config import DeviceOffer
-from flodl_agent.controller import Controller
-from flodl_agent.controller_settings import Settings
-from flodl_agent.window import WindowConfig
+from flodl_agent.controller.controller import Controller
+from flodl_agent.controller.settings import Settings
+from flodl_agent.controller.window import WindowConfig
+from flodl_agent.protocol import wire
 
 OK = [sys.executable, "-c", "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])"]
 
@@ -25,7 +25,7 @@ OK = [sys.executable, "-c", "import os; print('rank', os.environ['RANK'], 'of', 
 REPORTING = """
 import os, time
 from pathlib import Path
-from flodl_agent.metrics import report
+from flodl_agent.observe.metrics import report
 step = 0
 while not Path(os.environ["GO"]).exists():
     step += 1

@@ -46,7 +46,7 @@ def variant_venv(root: Path, name: str, with_torch: bool = True) -> Path:
             f"#!{where}/bin/python\n"
             "import sys\n"
             "sys.stderr.write(f'fdl running in {sys.prefix}\\n')\n"
-            "from flodl_agent.cli import main\n"
+            "from flodl_agent.cli.main import main\n"
             "sys.exit(main())\n"
         )
         fdl.chmod(0o755)
@@ -119,7 +119,7 @@ def fleet_wheel(where: Path) -> Path:
         "flodl-fleet",
         metadata.version("flodl-fleet"),
         {"flodl_agent_stand_in/__init__.py": ""},
-        "[console_scripts]\nfdl = flodl_agent.cli:main\n",
+        "[console_scripts]\nfdl = flodl_agent.cli.main:main\n",
     )
 
 

@@ -76,7 +76,7 @@ def test_a_cpu_box_reports_nothing_and_no_vendor() -> None:
     assert mixed["flodl_gpu_vendor"] == "mixed" and mixed["flodl_gpu_variant"] == "cpu"
 
 
-# The same tool outputs through the module's parsers and the package's (flodl_agent.gpus):
+# The same tool outputs through the module's parsers and the package's (flodl_agent.hardware.gpus):
 # the module keeps its own copy (it runs where the package is not installed).
 NVIDIA_OUTPUTS = [
     "0, NVIDIA A100-SXM4-80GB, 81920, 8.0\n1, NVIDIA GeForce RTX 4090, 24564, 8.9\n",
@@ -107,7 +107,7 @@ ROCM_OUTPUTS = [
     ("vendor", "text"), [*(("nvidia", t) for t in NVIDIA_OUTPUTS), *(("amd", t) for t in ROCM_OUTPUTS)]
 )
 def test_the_module_and_the_package_read_gpus_alike(vendor: str, text: str) -> None:
-    from flodl_agent import gpus
+    from flodl_agent.hardware import gpus
 
     facts = load("modules/gpu_facts.py")
     ours = gpus.parse_nvidia(text) if vendor == "nvidia" else gpus.parse_rocm(text)
@@ -181,7 +181,7 @@ def test_mount_unit_names_match_systemd_escape() -> None:
 
 
 def test_the_host_key_filter_derives_what_the_controller_derives() -> None:
-    from flodl_agent import wire
+    from flodl_agent.protocol import wire
 
     derive = load("filter/host_key.py").host_key
     token = "00112233445566778899AABBCCDDEEFF"
@@ -272,7 +272,7 @@ def test_the_validate_commands_catch_a_bad_unit_and_a_bad_key(tmp_path: Path) ->
 
 
 def test_the_role_and_join_default_to_the_same_variant_index() -> None:
-    from flodl_agent.variants import default_source
+    from flodl_agent.hardware.variants import default_source
 
     plan = load("filter/torch_plan.py").torch_plan(["cu126", "rocm6.4", "cpu"])
     assert {v: p["source"] for v, p in plan.items()} == {v: default_source(v) for v in plan}

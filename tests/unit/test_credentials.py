@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flodl_agent.agent_spec import AgentSpec
+from flodl_agent.agent.spec import AgentSpec
 from flodl_agent.config import Join
 from flodl_agent.credentials import TOKEN_PATTERN, CredentialError, token_from, valid_token
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from bench import gpu_check, gpu_report, gpu_wheels
 from bench.gpu_report import NO_CUDA, CheckFailed
-from flodl_agent import cli
+from flodl_agent.cli import main as cli
 
 ROOT = Path(__file__).parents[2]
 

@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from flodl_agent.address import AddressError, check_host, split_address
-from flodl_agent.messages import Hello
 from flodl_agent.names import HOST_NAME_MAX, name_problem, printable, printable_lines, shown
+from flodl_agent.protocol.messages import Hello
 
 # Every code point that rewrites what a terminal shows: C0, DEL, C1 (CSI among them), the line
 # and paragraph separators, the bidi embeddings, overrides, isolates and marks, zero width.

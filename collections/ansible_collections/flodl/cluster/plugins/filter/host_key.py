@@ -41,7 +41,7 @@ _TOKEN = re.compile(r"[0-9a-fA-F]{32}")
 
 
 def host_key(token: str, host: str) -> str:
-    # The same derivation as flodl_agent.wire.host_key (a unit test holds the two together); the
+    # The same derivation as flodl_agent.protocol.wire.host_key (a unit test holds the two together); the
     # collection does not import the package, which the control machine need not have.
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF

@@ -62,7 +62,7 @@ NVIDIA_FORMAT = "csv,noheader,nounits"
 ROCM_QUERY = ["--showproductname", "--showmeminfo", "vram", "--json"]
 CUDA_VARIANT = "cu128"  # covers sm_50..sm_120 in current torch builds
 
-# The parsers are a copy of flodl_agent.gpus' (this module runs where the package is not
+# The parsers are a copy of flodl_agent.hardware.gpus' (this module runs where the package is not
 # installed); tests/unit/test_collection.py holds the two to the same answers.
 
 

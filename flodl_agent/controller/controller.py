@@ -1,0 +1,499 @@
+"""The controller: one port, the join window, host links.
+
+The IO shell around the pure cores: ``join_protocol`` speaks every join
+connection, ``admission`` judges each hello, ``window`` decides when the world
+forms, ``supervision`` judges the formed world (exits, the failure budget,
+deadlines), ``hub`` averages the CPU plane and ``http_surface`` answers the
+status surface. This module moves bytes, arms the timers the cores ask for and
+wires them together. Everything dials in; the controller never dials out.
+
+Two names that are easy to mix up: the *launch* is one opening of the join
+window (an 8-hex label, ``Settings.launch``); the *published run* is what
+``fdl publish`` made (a 32-hex identity that walk-ins carry as ``run_id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from ..address import is_loopback
+from ..config.ranks import rank_span, world_ranges
+from ..names import safe_lines, shown
+from ..observe.metrics import RankBoard
+from ..placement.fleet import PlacementError
+from ..placement.parallel import check_world
+from ..protocol import wire
+from ..protocol.join_protocol import Closed, Event, HelloReceived, JoinServer, KeyRefused, Message, WrongKey
+from ..protocol.messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
+from ..protocol.streams import next_event, take_over
+from ..train.hub import Hub
+from ..train.rendezvous import StreamRouter
+from . import admission
+from .admission import NO_KEY_WORDS, WRONG_KEY_WORDS, Cohort, Refusal, Roster
+from .host_link import Link
+from .listener import Listener, Timeouts
+from .settings import Settings
+from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
+from .traffic import RoundFailed, Traffic
+from .view import ControllerView
+from .window import Fail, Form, Keep, Window
+
+# Admissions between moves of everything alive into the collector's permanent generation:
+# a fleet-sized window holds thousands of links' objects, and a full collection that walks
+# them all (hundreds of ms at 10,000) would stall the status page and the formation.
+FREEZE_EVERY = 256
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        log: Callable[[str], None] = lambda line: None,
+        timeouts: Timeouts | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        # Log lines quote peers (host names, refusal reasons, ssh's words): never raw to a terminal.
+        self.log = log = safe_lines(log)
+        self.timeouts = timeouts = timeouts or Timeouts()
+        self.salt = wire.new_salt()
+        self.key = wire.run_key(settings.token, self.salt)
+        # A configured token always forces credential-checked admission, names bound to host keys.
+        self.open = settings.token is None and (settings.open_admission or is_loopback(settings.bind))
+        self.window = Window(settings.window, self.clock())
+        self.links: dict[str, Link] = {}
+        window = settings.window
+        self.cohort = Cohort(Roster.of(settings.roster, settings.capacity, window.target, window.discovery))
+        self.view = ControllerView(self)
+        self.note = self.view.note  # log an event of the window, and keep it for the page's timeline
+        self.listener = Listener(
+            settings.bind,
+            settings.port,
+            on_join=self._join,
+            routes=self.view,
+            tls=settings.tls,
+            timeouts=timeouts,
+            clock=clock,
+            log=log,
+            note=self.note,
+            local=settings.local_socket,
+        )
+        self.refused: Counter[str] = Counter()
+        self.admitted = 0
+        self.finished = asyncio.Event()
+        self.exit_code = 1
+        self.reason = ""
+        self.formed: list[tuple[Link, int]] = []  # the world as formed (host, first rank): for the report
+        self.run_id = ""  # the published run the formed world holds ("" when none)
+        self.supervisor: Supervisor | None = None  # the formed world's exits, failures and deadlines
+        self.traffic: Traffic | None = None  # rendezvous streams and averaging rounds, once formed
+        self.board = RankBoard()  # per-rank progress from the heartbeats
+        self.port = settings.port
+        self._timer: asyncio.TimerHandle | None = None  # the window's next decision
+        self._watch: asyncio.TimerHandle | None = None  # the supervisor's next deadline
+        self._handshakes = 0
+
+    @property
+    def dropped(self) -> Counter[str]:
+        return self.listener.gate.dropped
+
+    @property
+    def hub(self) -> Hub | None:
+        return self.traffic.hub if self.traffic else None
+
+    @property
+    def streams(self) -> StreamRouter | None:
+        return self.traffic.streams if self.traffic else None
+
+    @property
+    def failed_ranks(self) -> set[int]:
+        return self.supervisor.failed if self.supervisor else set()
+
+    @property
+    def exits(self) -> dict[str, dict[int, int]]:
+        return self.supervisor.exits if self.supervisor else {}
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self) -> None:
+        self.port = await self.listener.open()
+        self._apply(self.window.decide(self.clock()))
+
+    async def close(self) -> None:
+        for timer in (self._timer, self._watch):
+            if timer is not None:
+                timer.cancel()
+        await self.listener.close()
+        gc.unfreeze()  # what the run left behind is the collector's again
+
+    # --- the window's verdicts -----------------------------------------------
+
+    def fail(self, reason: str) -> None:
+        """Fail the run from outside (the launcher): Abort goes down every link."""
+        self._apply(self.window.fail(reason, self.clock()))
+
+    def _apply(self, decision: Keep | Form | Fail) -> None:
+        if isinstance(decision, Form):
+            self._form(decision)
+        elif isinstance(decision, Fail):
+            self._fail(decision.reason)
+        elif self.window.phase == "done":
+            self.note("verdict", "run complete: every host link closed")
+            self.exit_code = 0
+            self.finished.set()
+        self._timer = self._arm(self._timer, self.window.next_deadline(), self._decide)
+
+    def _decide(self) -> None:
+        self._apply(self.window.decide(self.clock()))
+
+    def _arm(
+        self, timer: asyncio.TimerHandle | None, deadline: float | None, fire: Callable[[], None]
+    ) -> asyncio.TimerHandle | None:
+        if timer is not None:
+            timer.cancel()
+        if deadline is None:
+            return None
+        return asyncio.get_running_loop().call_later(max(0.0, deadline - self.clock()), fire)
+
+    def _form(self, decision: Form) -> None:
+        # One pass, no more: this is the formation's critical path, once per host of a fleet.
+        world = world_ranges(((m.host, m.ranks) for m in decision.members), self.settings.roster)
+        if self.settings.parallelism:
+            try:
+                check_world(self.settings.parallelism, [len(ranks) for ranks in world.values()])
+            except PlacementError as exc:
+                reason = f"the formed world cannot satisfy the parallelism request: {exc.message}"
+                self._apply(self.window.fail(reason, self.clock()))
+                return
+        size = next(reversed(world.values())).stop if world else 0
+        common = wire.SharedMap.of(  # packed once: each host's frame adds its own share
+            {
+                "world_size": size,
+                "hosts": len(world),
+                "command": self.settings.command,
+                "env": self.settings.env,
+                "launch": self.settings.launch,
+            }
+        )
+        # Training starts at the freeze: a host that gets its share early may
+        # finish (or die) before the last one is sent, and training judges that.
+        self.window.formed(self.clock())
+        linked = {host: ranks for host, ranks in world.items() if host in self.links}
+        for host, ranks in linked.items():
+            self.links[host].ranks = ranks
+        self.formed = [(self.links[host], ranks.start) for host, ranks in linked.items()]
+        self.run_id = self.cohort.run_id
+        self.supervisor = Supervisor(linked, self.settings.limits, self.clock())
+        if world:
+            self.traffic = Traffic(list(world), self.links, self.supervisor, self.dropped)
+        self.view.invalidate()  # the final ranks replace the provisional ones
+        self._rearm()
+        self.listener.spawn(self._ship(world, common))
+
+    async def _ship(self, world: dict[str, range], common: wire.SharedMap) -> None:
+        """Send every host its share of the world, yielding to other work between batches."""
+        batch = self.timeouts.ship_batch
+        try:
+            for group, (host, ranks) in enumerate(world.items()):
+                if self.window.phase == "failed":
+                    return  # a host died meanwhile: Abort went out instead
+                link = self.links.get(host)
+                if link is None:
+                    continue  # its link closed after the freeze; training already judged it
+                share = {"host": host, "first_rank": ranks.start, "count": len(ranks)}
+                if facts := self.settings.facts(host):
+                    share.update(facts)
+                link.send_shared(wire.Kind.WORLD_FORMED, common, {"host": share, "group": group})
+                if group % batch == batch - 1:
+                    await asyncio.sleep(0)  # let status requests through during a fleet-sized fan-out
+        except Exception as exc:  # a formation that cannot ship must fail loudly, not hang
+            self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
+            return
+        size = next(reversed(world.values())).stop if world else 0
+        self.note("formed", f"world formed: {size} ranks on {len(world)} hosts; training")
+
+    def _fail(self, reason: str) -> None:
+        self.note("verdict", f"run failed: {reason}")
+        self.reason = reason
+        for link in self.links.values():
+            with contextlib.suppress(Exception):
+                link.send(wire.Kind.ABORT, {"reason": reason})
+        self.exit_code = 1
+        self.finished.set()
+
+    # --- supervision: its verdicts and its one timer -----------------------------
+
+    def _rearm(self) -> None:
+        """Arm the supervisor's next deadline (while training: nothing to watch after)."""
+        deadline = self.supervisor.next_deadline() if self.supervisor else None
+        if self.window.phase != "training":
+            deadline = None
+        self._watch = self._arm(self._watch, deadline, self._tick)
+
+    def _tick(self) -> None:
+        if self.supervisor is not None and self.window.phase == "training":
+            for verdict in self.supervisor.tick(self.clock()):
+                self._verdict(verdict)
+        self._rearm()
+
+    def _verdict(self, verdict: Verdict | None) -> bool:
+        """Act on a supervision verdict; True when the run goes on as before."""
+        if verdict is None:
+            return False
+        if isinstance(verdict, Evict):
+            self.note("eviction", verdict.describe())
+            return True
+        if isinstance(verdict, Cut):
+            # The backstop behind exit reports and link ends: a frozen agent, or a partition without a reset.
+            self.note("cut", f"host {verdict.host} sent nothing for {verdict.silence:.0f}s; cutting its link")
+            link = self.links.get(verdict.host)
+            if link is not None:
+                link.writer.close()
+            return True
+        if isinstance(verdict, Stalled):
+            # A host is alive but not averaging (hung, or deadlocked).
+            if self.traffic is None or self.window.phase != "training":
+                return True
+            missing = ", ".join(sorted(self.traffic.hub.missing(verdict.round))) or "nobody"
+            return self._shutdown_with_save(
+                f"averaging round {verdict.round} stalled for {self.settings.stall_ceiling:g}s "
+                f"waiting on {missing}"
+            )
+        if isinstance(verdict, Shutdown):
+            self.note("save", f"ShutdownWithSave: {verdict.reason}; rank {verdict.saver} saves a checkpoint")
+            assert self.traffic is not None  # only averaging ranks are asked to save
+            self.traffic.shutdown()
+            self._rearm()  # the grace's deadline
+            return False
+        assert isinstance(verdict, FailRun)
+        self._apply(self.window.fail(verdict.reason, self.clock()))
+        return False
+
+    def _shutdown_with_save(self, reason: str) -> bool:
+        assert self.supervisor is not None
+        averaging = self.traffic is not None and self.traffic.averaging
+        return self._verdict(
+            self.supervisor.shutdown_with_save(reason, averaging=averaging, now=self.clock())
+        )
+
+    def _rank_failed(self, reason: str, ranks: set[int]) -> bool:
+        """Ranks were lost; True when the run goes on without them."""
+        if self.supervisor is None:
+            return False
+        averaging = self.traffic is not None and self.traffic.averaging
+        return self._verdict(
+            self.supervisor.rank_failed(reason, ranks, averaging=averaging, now=self.clock())
+        )
+
+    # --- connections ---------------------------------------------------------
+
+    async def _join(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: str,
+        settle: Callable[[], None],
+    ) -> None:
+        if self._handshakes >= self.timeouts.handshakes:
+            self.dropped["busy"] += 1
+            self.listener.say("drop", (peer, "busy"), f"turned {peer} away: every handshake slot is taken")
+            return
+        self._handshakes += 1
+        try:
+            link = await self._handshake(reader, writer, peer)
+        finally:
+            self._handshakes -= 1
+            settle()  # admitted or not, the handshake is over
+        if link is not None:
+            await self._link(reader, link)
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> Link | None:
+        """Challenge, hello, admission; the admitted host's link, or None."""
+        conn = JoinServer(None if self.open else self.key, salt=self.salt)
+        writer.write(conn.start())
+        try:
+            event = await next_event(reader, conn, self.timeouts.hello)
+        except WrongKey as exc:
+            writer.write(exc.reply)  # the box learns why, and stops
+            host = shown(exc.host)  # unproven, and as long as a hello may be: cut for the log
+            self._bad_key(peer, host, WRONG_KEY_WORDS.format(host=host))
+            return None
+        if isinstance(event, KeyRefused):
+            self._bad_key(peer, "", NO_KEY_WORDS)
+            return None
+        if not isinstance(event, HelloReceived):
+            return None  # the peer hung up
+        hello = event.hello
+        refusal = self._admit(hello)
+        if refusal is not None:
+            # Keyed by the host too: every tunnelled walk-in arrives from 127.0.0.1.
+            key = (peer, refusal.code, hello.host)
+            self._refused(key, refusal.code, f"refused {hello.host or peer}: {refusal.reason}")
+            writer.write(conn.refuse(refusal.reason, refusal.fix, permanent=refusal.permanent))
+            await writer.drain()
+            return None
+        first = self.window.joined_ranks
+        count = len(hello.devices)
+        decision = self.window.join(hello.host, count, self.clock())  # _admit checked the phase
+        link = Link(hello, writer, conn, time.time(), peer)
+        self._register(link, first)
+        # The accept rekeys the link: whatever follows (a WorldFormed this very join
+        # may trigger) speaks this connection's key.
+        writer.write(conn.accept(first, count))
+        self.admitted += 1
+        span = rank_span(range(first, first + count), noun=True)
+        self.note(
+            "join", f"admitted {hello.host} ({peer}): {span} on {', '.join(hello.devices)}; runs {hello.runs}"
+        )
+        self._apply(decision)
+        try:
+            await writer.drain()
+        except (ConnectionError, OSError):
+            # A failed Accept write rolls the admission back (or, after the freeze, is a lost host).
+            if self.links.get(hello.host) is link:
+                self._unregister(link)
+                self._closed(link)
+            return None
+        return link
+
+    def host_key(self, host: str) -> bytes | None:
+        """What an agent dials as ``host`` with (a fan-out's spec); None under open admission."""
+        return None if self.open else wire.host_key(self.key, host)
+
+    def _refused(self, key: tuple[str, ...], code: str, line: str) -> None:
+        """Count every refusal; log one per ``key`` (peer, reason) a minute: floods must not fill disks."""
+        self.refused[code] += 1
+        self.listener.say("refusal", key, line)
+
+    def _bad_key(self, peer: str, host: str, words: str) -> None:
+        self._refused((peer, "bad_key", host), "bad_key", f"refused {host or peer}: {words}")
+        self.listener.charge(peer)  # a bad dial: the dial guard's budget pays for it
+
+    def _admit(self, hello: Hello) -> Refusal | None:
+        if not self.window.can_admit():
+            return admission.window_closed(self.window.phase)
+        return admission.check(self.cohort, hello, self.settings.plane, self.settings.tunnel_only)
+
+    async def _link(self, reader: asyncio.StreamReader, link: Link) -> None:
+        """The host's control link for the whole run; its EOF is the host's exit."""
+        host = link.hello.host
+
+        def heard(event: Event) -> None:  # every frame, as it verifies (a round's pieces among them)
+            if isinstance(event, Closed):
+                return
+            if self.supervisor is not None:
+                self.supervisor.heard(host, self.clock())
+            if isinstance(event, Message):
+                self._on_message(link, event)
+
+        try:
+            await take_over(reader, link.writer, link.conn, heard).done
+        except (wire.Dropped, BadMessage) as exc:
+            self.dropped[getattr(exc, "cause", "payload")] += 1
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if self.links.get(host) is link:
+                self._unregister(link)
+                self._closed(link)
+
+    def _on_message(self, link: Link, event: Message) -> None:
+        host, message = link.hello.host, event.message
+        if isinstance(message, Heartbeat):
+            own = {r: rep.model_dump() for r, rep in message.ranks.items() if link.ranks and r in link.ranks}
+            if len(own) < len(message.ranks):
+                self.dropped["rank"] += 1  # reports for ranks that are not this host's
+            self.board.update(host, own, self.clock())
+        elif isinstance(message, Stream):
+            if self.traffic is None:
+                self.dropped["stream"] += 1  # no world formed yet
+            else:
+                self.traffic.route(host, message)
+        elif isinstance(message, Average):
+            self._average(host, message, event.blob)
+        elif isinstance(message, RankExited):
+            self._exited(host, message)
+
+    def _exited(self, host: str, exited: RankExited) -> None:
+        supervisor = self.supervisor
+        if supervisor is None or not supervisor.exited(host, exited.rank, exited.code):
+            self.dropped["rank"] += 1  # not one of this host's ranks: ignore, never count
+            return
+        if supervisor.all_exited(host) and self.traffic is not None:
+            self.traffic.ranks_done(host)
+        # An agent whose ranks could not start says why: its command is missing, say.
+        how = f"could not start: {exited.error}" if exited.error else exit_words(exited.code)
+        ended = f"rank {exited.rank} on {host} {how}"
+        self.note("exit", ended)
+        if exited.code != 0 and self.window.phase == "training":
+            self._rank_failed(ended, {exited.rank})
+
+    def _average(self, host: str, pushed: Average, blob: wire.Blob) -> None:
+        traffic = self.traffic
+        if self.window.phase != "training" or traffic is None:
+            self.dropped["average"] += 1
+            return
+        try:
+            if traffic.push(host, pushed, blob, self.clock()):
+                self._rearm()  # the round's stall ceiling
+        except RoundFailed as exc:
+            self._apply(self.window.fail(str(exc), self.clock()))
+
+    def _register(self, link: Link, first: int) -> None:
+        self.links[link.hello.host] = link
+        if len(self.links) % FREEZE_EVERY == 0:
+            gc.freeze()
+        self.cohort.add(link.hello)
+        self.view.arrived(link, first)
+
+    def _unregister(self, link: Link) -> None:
+        del self.links[link.hello.host]
+        if self.traffic is not None:
+            self.traffic.left(link.hello.host)
+        self.cohort.remove(link.hello.host)
+        self.view.invalidate()
+
+    def _closed(self, link: Link) -> None:
+        host = link.hello.host
+        phase = self.window.phase
+        if phase in ("done", "failed"):
+            return
+        supervisor = self.supervisor
+        if supervisor is not None and supervisor.shutdown:
+            self.note("leave", f"host {host} closed its link")
+            if not self.links:  # every survivor has saved and gone
+                self._apply(self.window.fail(supervisor.shutdown, self.clock()))
+            return
+        if phase == "training" and supervisor is not None:
+            averaging = self.traffic is not None and self.traffic.averaging
+            verdict = supervisor.host_closed(host, averaging=averaging, now=self.clock())
+            if verdict is not None and not self._verdict(verdict):
+                return
+        self.note("leave", f"host {host} closed its link")
+        self._apply(self.window.leave(host, self.clock()))
+
+    # --- the status surface's one action (its views: ControllerView) ------------------
+
+    def request_start(self, peer: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """POST /start: the operator fires a manual or hybrid window."""
+        refused = admission.start_refusal(is_loopback(peer), body, self.settings.token)
+        if refused is not None:
+            if refused.penalize:
+                self.listener.gate.guard.penalize(peer, self.clock())
+            return 403, {"error": refused.error}
+        reply = self.window.request_start(self.clock())
+        if reply.accepted:
+            self.note("start", "operator start accepted")
+            self._apply(self.window.decide(self.clock()))
+            return reply.status, {"armed": True, "reason": reply.reason}
+        return reply.status, {"armed": False, "error": reply.reason}

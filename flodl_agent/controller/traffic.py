@@ -1,0 +1,142 @@
+"""The formed world's traffic through the controller: rendezvous streams and CPU-plane rounds.
+
+Everything dials in, so the controller carries what ranks on different hosts
+say to each other: torch's store connections (relayed as streams between rank
+0's host and the others) and the CPU plane's averaging rounds (summed by the
+``hub``). This module routes both between the host links; the supervisor hears
+when a round opens and closes (its stall ceiling), and who saves at a shutdown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from ..observe.history import RoundLog
+from ..protocol import wire
+from ..protocol.messages import Average, Stream
+from ..train.hub import Averaged, Hub, Mismatch
+from ..train.rendezvous import RouteError, StreamRouter
+from .supervision import Supervisor
+
+
+class Sender(Protocol):
+    def send(self, kind: wire.Kind, body: dict[str, Any], blob: wire.Blob = b"") -> None: ...
+
+
+class RoundFailed(Exception):
+    """A round that cannot be averaged (a host's relay failed, or shapes differ): the run fails."""
+
+
+class Traffic:
+    def __init__(
+        self,
+        hosts: list[str],
+        links: Mapping[str, Sender],
+        supervisor: Supervisor,
+        dropped: Counter[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.links = links  # the controller's live links: a host that left is simply not there
+        self.supervisor = supervisor
+        self.dropped = dropped
+        self.streams = StreamRouter(hosts[0])  # rank 0's host serves the store
+        self.hub = Hub(set(hosts))
+        self.rounds = RoundLog()  # each round's seconds and shares, for the status page
+        self.clock = clock  # times rounds from their first push to their average
+
+    @property
+    def averaging(self) -> bool:
+        """Ranks average through the controller (only they can be asked to save)."""
+        return self.hub.active
+
+    def route(self, host: str, stream: Stream) -> None:
+        """A rendezvous stream's bytes: member -> store host, or store host -> member."""
+        router = self.streams
+        try:
+            if host == router.store_host:
+                target, sid = router.from_store(stream.id, stream.end)
+            else:
+                target, sid = router.store_host, router.from_member(host, stream.id, stream.end)
+        except RouteError:
+            self.dropped["stream"] += 1
+            return
+        link = self.links.get(target)
+        if link is None:
+            self.dropped["stream"] += 1
+            return
+        link.send(wire.Kind.STREAM, {"id": sid, "data": stream.data, "end": stream.end})
+
+    def push(self, host: str, pushed: Average, blob: wire.Blob, now: float) -> bool:
+        """A host's folded round; the average goes back once the round is complete.
+        True when this push opened a round (its stall ceiling starts)."""
+        if pushed.error:
+            raise RoundFailed(f"{host}: {pushed.error}")
+        if self.supervisor.shutdown:  # a round pushed after the shutdown: answered with it at once
+            if pushed.offset == 0:  # once per round, not per piece
+                self.tell_shutdown(host, pushed.round)
+            return False
+        self.rounds.opened(pushed.round, self.clock())
+        try:
+            pieces = self.hub.push(
+                host, pushed.round, pushed.weight, blob, pushed.bf16, pushed.offset, pushed.params
+            )
+        except Mismatch as exc:
+            raise RoundFailed(str(exc)) from None
+        if pieces:
+            self.deliver(pieces)
+            if pieces[-1].last:
+                return False
+        if pushed.round in self.supervisor.stalls:
+            return False
+        self.supervisor.round_opened(pushed.round, now)
+        return True
+
+    def deliver(self, pieces: list[Averaged]) -> None:
+        """Pieces of averages, to every host of their round (the same bytes to each: no copy)."""
+        for piece in pieces:
+            if piece.last:
+                self.supervisor.round_closed(piece.round)
+                self.rounds.closed(piece.round, self.clock(), piece.weights)
+            body = {
+                "round": piece.round,
+                "weight": piece.weight,
+                "bf16": piece.bf16,
+                "offset": piece.offset,
+                "params": piece.params,
+                "last": piece.last,
+            }
+            for host in piece.hosts:
+                link = self.links.get(host)
+                if link is not None:
+                    link.send(wire.Kind.AVERAGED, body, piece.data)
+
+    def shutdown(self) -> None:
+        """ShutdownWithSave: every round waiting is answered with it (and the saver's rank)."""
+        self.rounds.dropped()
+        for round_no, hosts in self.hub.shutdown():
+            for host in hosts:
+                self.tell_shutdown(host, round_no)
+
+    def tell_shutdown(self, host: str, round_no: int) -> None:
+        link = self.links.get(host)
+        if link is not None:
+            error = f"shutdown with save: {self.supervisor.shutdown}"
+            link.send(
+                wire.Kind.AVERAGED, {"round": round_no, "error": error, "saver": self.supervisor.saver()}
+            )
+
+    def ranks_done(self, host: str) -> None:
+        """Every rank of ``host`` exited: its rounds no longer wait for it."""
+        self.deliver(self.hub.leave(host))
+
+    def left(self, host: str) -> None:
+        """``host``'s link closed: its rounds and its ranks' store connections end."""
+        self.deliver(self.hub.leave(host))
+        if host != self.streams.store_host:
+            store = self.links.get(self.streams.store_host)
+            for gid in self.streams.drop_host(host):
+                if store is not None:
+                    store.send(wire.Kind.STREAM, {"id": gid, "end": True})

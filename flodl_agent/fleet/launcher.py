@@ -1,0 +1,278 @@
+"""`fdl launch`: open the window for a cluster, fan agents out, wait for the verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import secrets
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..address import is_loopback, join_address
+from ..config.join_window import LOCKED_OUT_FIX, locked_out_message, locks_walk_ins_out
+from ..config.models import Cluster
+from ..config.problems import format_path
+from ..config.ranks import CapacityUnknown, fanout_ranks, plan_window
+from ..controller.controller import Controller
+from ..controller.listener import BindError
+from ..controller.settings import Settings
+from ..controller.window import WindowConfig
+from ..errors import Failure
+from ..observe.verdict import keep_verdict
+from ..protocol.messages import Plane
+from .dispatch import DispatchError, count_devices
+from .fanout import Fanout, FanoutError, plan
+
+LINGER = 3.0  # a watcher polling once a second sees the final phase within it
+LINGER_CAP = 10.0  # however slow the watcher, the port closes by then
+WATCHED = 5.0  # a poll of /state.json this recent means someone is watching
+
+
+class LaunchError(Failure):
+    """A launch that cannot start (bad window plan, port taken, fan-out impossible)."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    command: list[str]
+    bind: str | None = None
+    port: int | None = None
+    plane: Plane | None = None  # --plane; None: the cluster file's plane, else cpu
+    fanout: bool = True
+    max_failure: str = "0"
+    stall_ceiling: float = 600.0
+    parallelism: dict[str, int] | None = None
+    linger: float = LINGER  # seconds the port serves the final phase after the verdict, when watched
+
+
+def bind_failure(exc: BindError, bind: str, port: int) -> LaunchError:
+    """Why the port did not open, by its errno, and the fix for that cause."""
+    where = f"cannot open the join window on {join_address(bind, port)}"
+    if exc.errno == errno.EADDRINUSE:
+        return LaunchError(
+            f"{where}: port {port} is already in use",
+            "another controller may hold the port; pick one with --port",
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return LaunchError(
+            f"{where}: address {bind} is not on this host",
+            "bind one of its addresses, 0.0.0.0, or fix cluster.controller.host (--bind overrides it)",
+        )
+    if exc.errno is not None and exc.errno < 0:  # getaddrinfo's codes: the name does not resolve
+        return LaunchError(
+            f"{where}: the name {bind} does not resolve",
+            "bind one of this host's addresses, 0.0.0.0, or fix cluster.controller.host",
+        )
+    if exc.errno == errno.EACCES:
+        return LaunchError(str(exc), "a port below 1024 needs privileges: pick another with --port")
+    if exc.errno is None:
+        return LaunchError(str(exc), "check cluster.controller.tls: the cert and key files and their pair")
+    return LaunchError(str(exc), "pick another address with --bind or port with --port")
+
+
+class OperatorStop:
+    """SIGINT or SIGTERM on the controller: the operator's stop, not a host's fault.
+
+    The run fails with a reason that says so, which rides the Abort to every agent;
+    the launch then exits 128 + the signal (130 for Ctrl-C), the shell's convention, so
+    no wrapper mistakes it for a transient failure to relaunch. A second signal stops at once.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, controller: Controller, log: Callable[[str], None]) -> None:
+        self.controller = controller
+        self.log = log
+        self.signal: signal.Signals | None = None
+        self._installed: list[signal.Signals] = []
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self.SIGNALS:
+            with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not the main thread
+                loop.add_signal_handler(sig, self._stop, sig)
+                self._installed.append(sig)
+
+    def remove(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._installed:
+            loop.remove_signal_handler(self._installed.pop())
+
+    def _stop(self, sig: signal.Signals) -> None:
+        self.remove()
+        if self.controller.finished.is_set():
+            return  # the run already has its verdict; the launch is closing
+        self.signal = sig
+        self.log(f"{sig.name}: the operator stopped the launch; telling every host")
+        self.controller.fail(f"the operator stopped the launch ({sig.name} on the controller)")
+
+    def exit_code(self, verdict: int) -> int:
+        """The launch's exit code: the run's verdict, or 128 + the operator's signal (said)."""
+        if self.signal is None:
+            return verdict
+        self.log(f"launch stopped by the operator ({self.signal.name}): exit {128 + self.signal}")
+        return 128 + self.signal
+
+
+def controller_for(
+    cluster: Cluster,
+    options: LaunchOptions,
+    log: Callable[[str], None],
+    probed: Mapping[str, int] | None = None,
+) -> Controller:
+    """``probed``: the ranks of each worker offering ``all``, counted at dispatch."""
+    join = cluster.controller.join
+    configured = capacity(cluster, probed)
+    try:
+        window = WindowConfig.from_plan(plan_window(join, configured), discovery=join.discovery)
+    except ValueError as exc:
+        raise LaunchError(
+            str(exc),
+            "list devices explicitly, set cluster.controller.join.min_rank_start, or launch with "
+            "fan-out (it counts `all` workers over ssh)",
+        ) from None
+    plane = options.plane or cluster.plane or "cpu"
+    if refused := cluster.plane_rules(plane):
+        # --plane nccl over a file with tunnels or CPU ranks: refused before any dial.
+        loc, message, fix = refused[0]
+        raise LaunchError(f"--plane {plane}: cluster.{format_path(loc)} {message}", fix)
+    bind = options.bind or cluster.controller.host
+    if join.tunnel_only and not is_loopback(bind):
+        # Reachability through the guardrailed sshd is the credential: nothing else may reach the port.
+        log(f"tunnel_only: binding 127.0.0.1 instead of {bind}; walk-ins arrive through the join door")
+        bind = "127.0.0.1"
+    if bind != cluster.controller.host and locks_walk_ins_out(join, bind):
+        # The file's own bind was checked when it loaded; --bind moved the window.
+        said = locked_out_message(bind, len(cluster.workers))
+        if not cluster.workers:
+            raise LaunchError(f"--bind {bind} {said}", LOCKED_OUT_FIX)
+        log(f"warning: --bind {bind} {said}")
+    settings = Settings(
+        window=window,
+        command=options.command,
+        bind=bind,
+        port=cluster.controller.port if options.port is None else options.port,
+        token=join.token,
+        open_admission=join.open_admission,
+        plane=plane,
+        tunnel_only=join.tunnel_only,
+        env=dict(cluster.env),
+        launch=secrets.token_hex(4),
+        roster=[w.host for w in cluster.workers],
+        capacity=configured,
+        max_failure=options.max_failure,
+        stall_ceiling=options.stall_ceiling,
+        parallelism=options.parallelism,
+        tls=(cluster.controller.tls.cert, cluster.controller.tls.key) if cluster.controller.tls else None,
+        host_facts={w.host: cluster.host_facts(w.host) for w in cluster.workers},
+        walk_in_facts=cluster.host_facts(None),
+    )
+    return Controller(settings, log=log)
+
+
+def capacity(cluster: Cluster, probed: Mapping[str, int] | None) -> int | None:
+    """The configured ranks, with the counted ``all`` workers; ``None`` while one is uncounted."""
+    if cluster.capacity is not None or not probed:
+        return cluster.capacity
+    try:
+        return sum(r.count for r in fanout_ranks(cluster, probed))
+    except CapacityUnknown:
+        return None
+
+
+async def launch(
+    cluster: Cluster,
+    options: LaunchOptions,
+    log: Callable[[str], None],
+    watch: Callable[[Controller], Awaitable[None]] | None = None,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """Run one launch to its verdict; ``watch`` (a live display) runs alongside, and
+    ``report`` gets the run's report (the world as formed, every rank's exit) at the end."""
+    try:
+        # `local_devices: all` workers are counted before the window's plan is fixed.
+        probed = await count_devices(cluster, log) if options.fanout else {}
+    except DispatchError as exc:
+        raise LaunchError(exc.message, exc.fix) from None
+    controller = controller_for(cluster, options, log, probed)
+    try:
+        await controller.start()
+    except BindError as exc:
+        raise bind_failure(exc, controller.settings.bind, controller.settings.port) from None
+    settings = controller.settings
+    mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
+    window = settings.window
+    log(
+        f"join window open on {settings.bind}:{controller.port} "
+        f"(launch {settings.launch}, admission {mode}); "
+        f"quorum {window.quorum}, target {window.target}, start {window.start}"
+    )
+    by_host = {w.host: w for w in cluster.workers}
+
+    def session_ended(host: str, code: int, tail: str) -> None:
+        # A session that dies before its host joined shrinks what can still walk in;
+        # once quorum is out of reach, waiting for the hard cap only wastes the operator's time.
+        window = controller.window
+        if code == 0 or host in controller.links or window.phase not in ("waiting", "staging"):
+            return
+        if cluster.controller.join.discovery:
+            return
+        waiting = [w for h, w in by_host.items() if h not in controller.links and fanout.alive(h)]
+        counts = [w.capacity if w.capacity is not None else probed.get(w.host) for w in waiting]
+        if None in counts:
+            return  # a worker offering `all`, uncounted, may still bring any number of ranks
+        if window.joined_ranks + sum(c or 0 for c in counts) < window.config.quorum:
+            controller.fail(
+                f"fan-out to {host} failed (ssh exit {code}{': ' + tail if tail else ''}); "
+                f"quorum {window.config.quorum} is out of reach"
+            )
+
+    fanout = Fanout(log, session_ended)
+    stop = OperatorStop(controller, log)
+    stop.install()
+    try:
+        if options.fanout and cluster.workers:
+            try:
+                plans = [
+                    plan(w, cluster, controller.port, controller.host_key(w.host), settings.bind)
+                    for w in cluster.workers
+                ]
+            except FanoutError as exc:
+                raise LaunchError(str(exc), "or launch with --no-fanout and let workers walk in") from None
+            try:
+                await fanout.start(plans)
+            except FanoutError as exc:
+                raise LaunchError(str(exc), "install openssh-client on the controller box") from None
+        watcher = asyncio.ensure_future(watch(controller)) if watch is not None else None
+        await controller.finished.wait()
+        if watcher is not None:
+            watcher.cancel()
+        # Not after the operator's stop: a signal means now (systemd's stop, a relaunch that
+        # wants the port); the kept verdict answers status from here on.
+        if controller.view.watched(WATCHED) and stop.signal is None:
+            await _linger(controller, options.linger)
+    finally:
+        stop.remove()
+        # Kept before the port closes: a status query finds the controller or its verdict, never neither.
+        keep_verdict(controller.view.report(), settings.bind, controller.port)
+        await controller.close()
+        await fanout.stop()
+    if report is not None:
+        report(controller.view.report())
+    return stop.exit_code(controller.exit_code)
+
+
+async def _linger(controller: Controller, seconds: float) -> None:
+    """Someone is watching (a page, `fdl status --watch`): serve the final phase ``seconds``
+    more, and on until a poll after the verdict came (up to LINGER_CAP), so they see how it ended."""
+    ended = controller.clock()
+    await asyncio.sleep(seconds)  # the linger itself: time to read the final phase
+    if (controller.view.polled or 0.0) >= ended:
+        return
+    polled = asyncio.Event()
+    controller.view.on_poll = polled.set
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(polled.wait(), max(0.0, LINGER_CAP - seconds))

@@ -1,0 +1,93 @@
+"""ClusterBuilder mirrors the file one to one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.config import ClusterBuilder, ConfigError, load_config
+
+SEED = Path(__file__).parents[2] / "data" / "seed-000.fdl.cluster.yml"
+
+
+def test_builder_produces_the_same_model_as_the_seed_file() -> None:
+    built = (
+        ClusterBuilder()
+        .controller("192.168.122.1", port=1337, path="/opt/flodl", docker="cuda", arch="precompiled/cu128")
+        .join(min_rank_start=2, join_timeout=300, target_ranks=4, max_join_timeout=600, open_admission=False)
+        .worker(
+            "node-a",
+            local_devices=[0],
+            nccl_socket_ifname="virbr0",
+            path="/opt/flodl",
+            arch="precompiled/cu128",
+            docker="cuda",
+        )
+        .worker(
+            "node-b",
+            ssh={
+                "target": "node-b",
+                "port": 2222,
+                "user": "ubuntu",
+                "identity_file": "/home/me/.ssh/cluster_key",
+                "options": ["ProxyJump=bastion", "StrictHostKeyChecking=no"],
+            },
+            tunnel=True,
+            local_devices="all",
+            nccl_socket_ifname="enp1s0",
+            path="/srv/flodl",
+            arch="builds/sm61-sm120",
+            data_path="/flodl/data",
+            env={"NCCL_SOCKET_NTHREADS": "2"},
+        )
+        .env(NCCL_DEBUG="INFO")
+        .build()
+    )
+    assert built == load_config(SEED).config.cluster
+
+
+def test_builder_errors_read_like_file_errors() -> None:
+    builder = ClusterBuilder().controller("h").worker("a", local_devics=[0]).worker("b", local_devices=[1])
+    with pytest.raises(ConfigError) as caught:
+        builder.build()
+    (p,) = caught.value.problems
+    assert p.path == "cluster.workers[0].local_devics" and p.hint == "did you mean `local_devices`?"
+    with pytest.raises(ConfigError) as caught:
+        ClusterBuilder().controller("h").worker("a").worker("b").build()
+    assert {p.path for p in caught.value.problems} == {
+        "cluster.workers[0].nccl_socket_ifname",
+        "cluster.workers[1].nccl_socket_ifname",
+    }
+
+
+def test_builder_needs_a_controller() -> None:
+    with pytest.raises(ConfigError) as caught:
+        ClusterBuilder().worker("a").build()
+    assert caught.value.problems[0].path == "cluster.controller"
+
+
+def test_gpu_ram_share_and_join_knobs_land_where_the_file_puts_them() -> None:
+    builder = ClusterBuilder().controller("h").join(start="manual").gpu_ram_share(0.5).worker("a")
+    assert builder.to_data() == {
+        "cluster": {
+            "controller": {"host": "h", "join": {"start": "manual"}},
+            "workers": [{"host": "a"}],
+            "gpu_ram_share": 0.5,
+        }
+    }
+
+
+def test_host_facts_take_the_worker_entry_over_the_cluster_default() -> None:
+    cluster = (
+        ClusterBuilder()
+        .controller("h")
+        .gpu_ram_share(0.5)
+        .worker("apu", gpu_ram_share=0.75, docker="train", nccl_socket_ifname="eth0")
+        .worker("plain", nccl_socket_ifname="eth0")
+        .build()
+    )
+    assert cluster.host_facts("apu") == {"docker": "train", "gpu_ram_share": 0.75}
+    assert cluster.host_facts("plain") == {"gpu_ram_share": 0.5}  # the fleet default
+    assert cluster.host_facts(None) == {"gpu_ram_share": 0.5}  # a walk-in in no entry
+    assert ClusterBuilder().controller("h").worker("a").build().host_facts("a") == {}
