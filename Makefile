@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection typecheck unit fuzz lab-up lab-down gpu-wheels clean
+.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection typecheck unit fuzz mutate lab-up lab-down gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -46,13 +46,17 @@ typecheck: setup
 unit: setup
 	$(VENV)/bin/pytest tests/unit
 
-# Everything but the lab: seconds.
+# Everything but the lab, on PYTEST_WORKERS xdist workers: most integration and e2e tests wait
+# on sshd, subprocesses and sockets, so more workers than cores pays. Tests that share a fixed
+# resource (podman and the lab image, Ray, shaped network namespaces) carry an xdist_group and
+# run on one worker, one after another.
+PYTEST_WORKERS ?= 4
 test-fast: lint collection typecheck
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The podman lab fleet: site.yml, idempotence, the door, a run (minutes).
 test-lab: setup
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m lab tests/lab
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m lab --timeout 1800 tests/lab
 
 # Molecule: each role alone on a lab node; converge + idempotence + verify
 # (minutes). The scenarios run by name, in this order (tests/molecule/default is
@@ -74,6 +78,13 @@ fuzz: setup
 	mkdir -p build/fuzz/corpus build/fuzz/crashes
 	$(PY) -m tests.fuzz.frames -max_total_time=300 -artifact_prefix=build/fuzz/crashes/ build/fuzz/corpus
 
+# Mutation testing of the controller's pure cores (window, admission, supervision) against
+# tests/unit/controller ([tool.mutmut] in pyproject.toml); each must score at least 95 %.
+mutate: setup
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2
+	$(PY) scripts/mutation_score.py --min 95
+
 lab-up: setup
 	tests/lab/lab up
 
@@ -86,4 +97,4 @@ gpu-wheels: setup
 	$(PY) -m bench.gpu_wheels
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build mutants .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -16,7 +16,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -204,13 +204,7 @@ class Attempt:
             raise Transient(f"the formed world was addressed to {mine.host}, not this host")
         command = self.command(world)
         cwd = self.prepared.cwd if self.prepared is not None else None
-        service = self.options.docker or mine.docker  # the box's own value beats the cluster file's
-        if service:
-            try:  # the cluster file's service, or the published tree's compose file: the run's own
-                project = await check_service(service, self.options, cwd, world.env, run=True)
-            except AgentFailure as exc:
-                await self._could_not_start(mine, reader, writer, client, exc, CANNOT_EXECUTE, exc.message)
-            self.compose = ComposeRanks(project, self.options, world, self.offer.variant, cwd, self.log)
+        await self._compose_ranks(world, cwd, reader, writer, client)
         self.log(
             f"world formed: {world.world_size} ranks; this host runs "
             f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)}"
@@ -246,21 +240,7 @@ class Attempt:
         abort = asyncio.ensure_future(_watch_link(link))
         beat = asyncio.ensure_future(heartbeat(writer, client, reports, self.options.heartbeat_every))
         try:
-            pending: set[asyncio.Future[Any]] = {abort, *ranks}
-            while abort in pending and len(pending) > 1:
-                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if abort.done():
-                for task in ranks:
-                    task.cancel()
-                await asyncio.gather(*ranks, return_exceptions=True)
-                raise Transient(abort.result())
-            codes = [t.result() for t in ranks]
-            if store is not None:
-                # Other hosts' ranks may still talk to the store (a last barrier):
-                # serve it until their connections close or the run ends.
-                drained = asyncio.ensure_future(relay.drained())
-                await asyncio.wait({abort, drained}, return_when=asyncio.FIRST_COMPLETED)
-                drained.cancel()
+            codes = await _supervise(ranks, abort, relay, serving=store is not None)
         finally:
             link.on_event = None  # whatever still comes is read and dropped: the run is over here
             abort.cancel()
@@ -277,6 +257,25 @@ class Attempt:
             self.log(ranks_failed(self.options.host, dict(enumerate(codes, mine.first_rank))))
             return TRANSIENT
         return CLEAN
+
+    async def _compose_ranks(
+        self,
+        world: WorldFormed,
+        cwd: Path | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: JoinClient,
+    ) -> None:
+        """The ranks run in a compose service when the box or the cluster file names one; a
+        service that cannot run them is the ranks' failure, said to the controller."""
+        mine = world.host
+        service = self.options.docker or mine.docker  # the box's own value beats the cluster file's
+        if service:
+            try:  # the cluster file's service, or the published tree's compose file: the run's own
+                project = await check_service(service, self.options, cwd, world.env, run=True)
+            except AgentFailure as exc:
+                await self._could_not_start(mine, reader, writer, client, exc, CANNOT_EXECUTE, exc.message)
+            self.compose = ComposeRanks(project, self.options, world, self.offer.variant, cwd, self.log)
 
     async def _spawn(
         self, rank: int, command: list[str], env: dict[str, str], cwd: Path | None, averager: AverageRelay
@@ -382,6 +381,29 @@ def _link_events(relay: StreamRelay, averager: AverageRelay) -> Callable[[Event]
             averager.deliver(event.message.model_dump(), event.blob)
 
     return on_event
+
+
+async def _supervise(
+    ranks: Sequence[asyncio.Task[int]], abort: asyncio.Task[str], relay: StreamRelay, serving: bool
+) -> list[int]:
+    """The ranks' exit codes once all ended (the store, when ``serving`` it, kept up for the other
+    hosts); the link ending first cancels them and fails the attempt (transient)."""
+    pending: set[asyncio.Future[Any]] = {abort, *ranks}
+    while abort in pending and len(pending) > 1:
+        _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    if abort.done():
+        for task in ranks:
+            task.cancel()
+        await asyncio.gather(*ranks, return_exceptions=True)
+        raise Transient(abort.result())
+    codes = [t.result() for t in ranks]
+    if serving:
+        # Other hosts' ranks may still talk to the store (a last barrier):
+        # serve it until their connections close or the run ends.
+        drained = asyncio.ensure_future(relay.drained())
+        await asyncio.wait({abort, drained}, return_when=asyncio.FIRST_COMPLETED)
+        drained.cancel()
+    return codes
 
 
 async def _watch_link(link: LinkStream) -> str:

@@ -128,8 +128,8 @@ class Container:
         return bool(self.gpu)
 
 
-def override(provider: Provider, box: Container) -> dict[str, Any]:
-    """The second compose file: what this container needs on top of the project's service."""
+def _volumes(box: Container) -> list[str]:
+    """The working directory and the mounts, each at the same path; ``:ro`` where read-only."""
     volumes, seen = [], set()
     for path, read_only in ((box.workdir, False), *box.mounts):
         if path == "/":
@@ -137,30 +137,45 @@ def override(provider: Provider, box: Container) -> dict[str, Any]:
         if path not in seen:  # one mount per target: compose refuses a second
             seen.add(path)
             volumes.append(f"{path}:{path}" + (":ro" if read_only else ""))
+    return volumes
+
+
+def _gpu_keys(provider: Provider, box: Container) -> dict[str, Any]:
+    """How the service gets the GPUs: CDI or device nodes (``devices``), or a reservation."""
+    if box.gpu == "nvidia" and provider.gpu_cdi:
+        return {"devices": ["nvidia.com/gpu=all"]}  # CDI (nvidia-ctk cdi generate): indices stay the host's
+    if box.gpu == "nvidia":
+        reservation = {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+        return {"deploy": {"resources": {"reservations": {"devices": [reservation]}}}}
+    if box.gpu == "amd":
+        return {"devices": ["/dev/kfd", "/dev/dri"]}
+    return {}
+
+
+def _sharing_keys(provider: Provider, box: Container) -> dict[str, Any]:
+    """The host IPC namespace and the GPU nodes' groups, where the tool reads the keys."""
+    keys: dict[str, Any] = {}
+    if not provider.podman_compose:  # podman-compose 1.0.3 reads neither key: see run_argv
+        if box.ipc_host:
+            keys["ipc"] = "host"
+        if box.groups:
+            keys["group_add"] = [str(g) for g in box.groups]
+    return keys
+
+
+def override(provider: Provider, box: Container) -> dict[str, Any]:
+    """The second compose file: what this container needs on top of the project's service."""
     service: dict[str, Any] = {
         "init": True,
         "user": box.user,
         "working_dir": box.workdir,
-        "volumes": volumes,
+        "volumes": _volumes(box),
         "labels": dict(box.labels),
     }
     if box.host_network:
         service["network_mode"] = "host"
-    devices = []
-    if box.gpu == "nvidia" and provider.gpu_cdi:
-        devices.append("nvidia.com/gpu=all")  # CDI (nvidia-ctk cdi generate): indices stay the host's
-    elif box.gpu == "nvidia":
-        reservation = {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
-        service["deploy"] = {"resources": {"reservations": {"devices": [reservation]}}}
-    elif box.gpu == "amd":
-        devices += ["/dev/kfd", "/dev/dri"]
-    if devices:
-        service["devices"] = devices
-    if not provider.podman_compose:  # podman-compose 1.0.3 reads neither key: see run_argv
-        if box.ipc_host:
-            service["ipc"] = "host"
-        if box.groups:
-            service["group_add"] = [str(g) for g in box.groups]
+    service.update(_gpu_keys(provider, box))
+    service.update(_sharing_keys(provider, box))
     return {"services": {box.service: service}}
 
 

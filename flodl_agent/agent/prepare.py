@@ -29,6 +29,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from ..config.models import Source, Ssh
 from ..errors import PERMANENT, TRANSIENT, Failure, host_key_mismatch
@@ -181,71 +182,57 @@ def _readable(path: Path) -> OSError | None:
     return None
 
 
-def mount_data(
-    data_source: str, data_path: Path, ssh: Ssh | None, log: Callable[[str], None] = lambda _: None
-) -> None:
-    """The data root, read-only over sshfs through door A: reuse a live mount, replace a dead one."""
-    spec = parse_data_source(data_source)
-    if os.path.ismount(data_path):
-        broken = _readable(data_path)
-        if broken is None:
-            return  # mounted and answering (by this agent earlier, or by the box's mount unit)
-        if broken.errno not in DEAD_MOUNT:
-            raise PrepareFailure(
-                f"the data mount at {data_path} cannot be read: {broken.strerror}",
-                "a door A mount needs allow_other when another user mounted it",
-                PERMANENT,
-            )
-        log(f"the data mount at {data_path} is not connected (its sshfs died): mounting it again")
-        _run(["fusermount", "-uz", str(data_path)])
-    try:
-        data_path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+def mount_state(data_path: Path, broken: OSError | None) -> Literal["live", "dead"]:
+    """What a mount already at ``data_path`` is, from reading its root (``broken``: the error):
+    live to reuse, dead to clear and mount again; one this agent cannot read stops for good."""
+    if broken is None:
+        return "live"
+    if broken.errno not in DEAD_MOUNT:
         raise PrepareFailure(
-            f"data_path {data_path} cannot be created: {exc.strerror}",
-            "create it for the service user, or point join.data_path somewhere it can write",
+            f"the data mount at {data_path} cannot be read: {broken.strerror}",
+            "a door A mount needs allow_other when another user mounted it",
             PERMANENT,
-        ) from None
-    ssh = ssh or Ssh()
+        )
+    return "dead"
+
+
+def sshfs_options(spec: SourceSpec, ssh: Ssh) -> str:
+    """sshfs's ``-o``: read-only and reconnecting, host keys as pinned, then the join's ssh block."""
     options = ["ro", "reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=3", "BatchMode=yes"]
     options += ["StrictHostKeyChecking=yes", *ssh.options]
     if spec.port or ssh.port:
         options.append(f"port={spec.port or ssh.port}")
     if ssh.identity_file:
         options += [f"IdentityFile={ssh.identity_file}", "IdentitiesOnly=yes"]
+    return ",".join(options)
+
+
+def data_remote(spec: SourceSpec, ssh: Ssh) -> str:
+    """``[user@]host:/path`` for sshfs: the spec's user, else the ssh block's."""
     user = spec.user or ssh.user
-    remote = f"{user + '@' if user else ''}{spec.host}:{spec.path}"
-    proc = _run(["sshfs", "-o", ",".join(options), remote, str(data_path)])
-    if proc.returncode == 0:
-        log(f"mounted {data_source} read-only at {data_path}")
-        return
+    return f"{user + '@' if user else ''}{spec.host}:{spec.path}"
+
+
+def mount_words(
+    proc: subprocess.CompletedProcess[str], said: subprocess.CompletedProcess[str] | None
+) -> tuple[str, str]:
+    """What a failed mount said, all of it and its last lines: ssh's own words (``said``) over
+    sshfs's, which hide them."""
     text = (proc.stderr or proc.stdout).strip()
     last = " / ".join(text.splitlines()[-3:]) or f"sshfs exited {proc.returncode}"
-    # sshfs hides ssh's own words ("read: Connection reset by peer" for every cause): ask ssh.
-    ask = ssh_argv(
-        spec.host,
-        user=user,
-        port=spec.port or ssh.port,
-        identity_file=ssh.identity_file,
-        options=ssh.options,
-        extra=["-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10"],
-    )
-    said: subprocess.CompletedProcess[str] | None = None
-    try:
-        said = subprocess.run(
-            [*ask, "-s", "sftp"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+    if said is not None:
         text += "\n" + said.stderr
         last = " / ".join(said.stderr.strip().splitlines()[-2:]) or last
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    return text, last
+
+
+def mount_failure(
+    data_source: str, host: str | None, text: str, last: str, said: subprocess.CompletedProcess[str] | None
+) -> PrepareFailure:
+    """A failed mount classed as the troubleshooting guide words it (``mount_words``'s text and
+    last lines; ``said``: ssh's own try at sftp, None when it could not run)."""
     if "Permission denied" in text:
-        raise PrepareFailure(
+        return PrepareFailure(
             f"mounting {data_source}: permission denied ({last})",
             "door A: the data account must hold this box's key as "
             'restrict,command="internal-sftp -R" <key> (flodl_controller_data_door_enabled, '
@@ -253,9 +240,9 @@ def mount_data(
             PERMANENT,
         )
     if refused := _host_key_failure(f"mounting {data_source}", text):
-        raise refused
+        return refused
     if "fuse" in text.lower() and ("device" in text or "permitted" in text):
-        raise PrepareFailure(
+        return PrepareFailure(
             f"mounting {data_source}: this box cannot mount FUSE filesystems ({last})",
             "apt-get install sshfs fuse3, and give containers /dev/fuse",
             PERMANENT,
@@ -264,7 +251,7 @@ def mount_data(
         # The key got in and its forced command ran instead of sftp: a forced command covers
         # subsystem requests too, so a tunnel-only (nologin) key refuses every mount.
         words = " / ".join((said.stdout + said.stderr).strip().splitlines()[-2:])
-        raise PrepareFailure(
+        return PrepareFailure(
             f"mounting {data_source}: permission denied: this box's key opens the door for the tunnel "
             f"only (its forced command ran instead of sftp: {words or f'exit {said.returncode}'})",
             'mount through door A: the data account holds the key as restrict,command="internal-sftp -R" '
@@ -273,14 +260,73 @@ def mount_data(
             PERMANENT,
         )
     if "Could not resolve hostname" in text:
-        raise PrepareFailure(
-            f"mounting {data_source}: the door's name {spec.host} does not resolve ({last})",
+        return PrepareFailure(
+            f"mounting {data_source}: the door's name {host} does not resolve ({last})",
             "check the host in join.data_source, or name the door by its IP; DNS may come back, "
             "so --persist re-dials",
         )
-    raise PrepareFailure(
+    return PrepareFailure(
         f"mounting {data_source} failed: {last}", "re-dials on its own; is the door reachable?"
     )
+
+
+def _clear_dead_mount(data_path: Path, log: Callable[[str], None]) -> None:
+    log(f"the data mount at {data_path} is not connected (its sshfs died): mounting it again")
+    _run(["fusermount", "-uz", str(data_path)])
+
+
+def _mount_point(data_path: Path) -> None:
+    try:
+        data_path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PrepareFailure(
+            f"data_path {data_path} cannot be created: {exc.strerror}",
+            "create it for the service user, or point join.data_path somewhere it can write",
+            PERMANENT,
+        ) from None
+
+
+def _ask_ssh(spec: SourceSpec, ssh: Ssh) -> subprocess.CompletedProcess[str] | None:
+    """ssh's own try at the door's sftp; None when ssh could not run or answer in time."""
+    ask = ssh_argv(
+        spec.host,
+        user=spec.user or ssh.user,
+        port=spec.port or ssh.port,
+        identity_file=ssh.identity_file,
+        options=ssh.options,
+        extra=["-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10"],
+    )
+    try:
+        return subprocess.run(
+            [*ask, "-s", "sftp"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def mount_data(
+    data_source: str, data_path: Path, ssh: Ssh | None, log: Callable[[str], None] = lambda _: None
+) -> None:
+    """The data root, read-only over sshfs through door A: reuse a live mount, replace a dead one."""
+    spec = parse_data_source(data_source)
+    if os.path.ismount(data_path):
+        if mount_state(data_path, _readable(data_path)) == "live":
+            return  # mounted and answering (by this agent earlier, or by the box's mount unit)
+        _clear_dead_mount(data_path, log)
+    _mount_point(data_path)
+    ssh = ssh or Ssh()
+    proc = _run(["sshfs", "-o", sshfs_options(spec, ssh), data_remote(spec, ssh), str(data_path)])
+    if proc.returncode == 0:
+        log(f"mounted {data_source} read-only at {data_path}")
+        return
+    # sshfs hides ssh's own words ("read: Connection reset by peer" for every cause): ask ssh.
+    said = _ask_ssh(spec, ssh)
+    raise mount_failure(data_source, spec.host, *mount_words(proc, said), said)
 
 
 def ready_dir(path: Path, log: Callable[[str], None]) -> None:
@@ -332,16 +378,8 @@ def _build(
     return built
 
 
-def prepare(
-    source: Source,
-    stage: Path,
-    ssh: Ssh | None = None,
-    local_args: list[str] | None = None,
-    log: Callable[[str], None] = lambda _: None,
-) -> Prepared:
-    """Fetch, check against the manifest, build; what the ranks run. Raises PrepareFailure."""
-    ready_dir(stage, log)
-    tree = fetch(source, stage, ssh)
+def _manifest(tree: Path, source: Source) -> Manifest | None:
+    """The fetched tree's manifest; None when this box runs its own artifact without one."""
     try:
         manifest: Manifest | None = read_manifest(tree)
     except PublishError as exc:
@@ -352,33 +390,39 @@ def prepare(
             "run fdl publish on the controller (a publish in flight commits it when its gate passes), "
             "or name a local artifact in join.source.bin",
         )
-    if manifest is not None:
-        changed = verify(tree, manifest)
-        if changed:
-            raise PrepareFailure(
-                f"the fetched tree differs from the published digest ({', '.join(changed[:5])})",
-                "a publish was in flight: this box re-fetches on its next dial",
-            )
-        for name, local, run in (
-            ("cwd", source.cwd, manifest.cwd),
-            ("build", source.build, manifest.build),
-            ("bin", source.bin, manifest.bin),
-            ("args", local_args, manifest.args),
-        ):
-            _differs(name, local, run, log)
-        cwd, build, entry, args = manifest.cwd, manifest.build, manifest.bin, manifest.args
-        digest = manifest.digest
-    else:
+    return manifest
+
+
+def _settings(
+    tree: Path,
+    manifest: Manifest | None,
+    source: Source,
+    local_args: list[str] | None,
+    log: Callable[[str], None],
+) -> tuple[str, str | None, str | None, list[str], str]:
+    """The run's cwd, build, bin, args and digest: the manifest's once the tree matches it,
+    else this box's own."""
+    if manifest is None:
         cwd, build, entry, args = source.cwd or ".", source.build, source.bin, list(local_args or [])
-        digest = digest_of(digest_lines(tree))
-    where = tree / cwd
-    if not where.is_dir() or not where.resolve().is_relative_to(tree.resolve()):
+        return cwd, build, entry, args, digest_of(digest_lines(tree))
+    changed = verify(tree, manifest)
+    if changed:
         raise PrepareFailure(
-            f"cwd: {cwd} names no directory in the fetched source",
-            "cwd is a path inside the tree, not on this box: fix it where the run is published",
-            PERMANENT,
+            f"the fetched tree differs from the published digest ({', '.join(changed[:5])})",
+            "a publish was in flight: this box re-fetches on its next dial",
         )
-    built = _build(tree, stage, cwd, build, digest, log)
+    for name, local, run in (
+        ("cwd", source.cwd, manifest.cwd),
+        ("build", source.build, manifest.build),
+        ("bin", source.bin, manifest.bin),
+        ("args", local_args, manifest.args),
+    ):
+        _differs(name, local, run, log)
+    return manifest.cwd, manifest.build, manifest.bin, manifest.args, manifest.digest
+
+
+def _entry_path(built: Path, cwd: str, entry: str | None, build: str | None, published: bool) -> Path:
+    """The built entry point, checked: named, inside the tree, and there."""
     if entry is None:
         raise PrepareFailure(  # the published run's own failure: a publish with --bin fixes it
             "the run names no entry point (bin)", "publish with --bin; this box picks it up on its next dial"
@@ -390,10 +434,10 @@ def prepare(
             "bin names the entry point inside the tree, relative to cwd: "
             + (
                 "publish again with it; this box picks it up on its next dial"
-                if manifest
+                if published
                 else "fix join.source.bin"
             ),
-            TRANSIENT if manifest else PERMANENT,
+            TRANSIENT if published else PERMANENT,
         )
     path = built / cwd / entry
     if not path.exists():
@@ -404,6 +448,30 @@ def prepare(
             "bin is relative to cwd: point it at what the build produces (a workspace may build elsewhere)",
             PERMANENT,
         )
+    return path
+
+
+def prepare(
+    source: Source,
+    stage: Path,
+    ssh: Ssh | None = None,
+    local_args: list[str] | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> Prepared:
+    """Fetch, check against the manifest, build; what the ranks run. Raises PrepareFailure."""
+    ready_dir(stage, log)
+    tree = fetch(source, stage, ssh)
+    manifest = _manifest(tree, source)
+    cwd, build, entry, args, digest = _settings(tree, manifest, source, local_args, log)
+    where = tree / cwd
+    if not where.is_dir() or not where.resolve().is_relative_to(tree.resolve()):
+        raise PrepareFailure(
+            f"cwd: {cwd} names no directory in the fetched source",
+            "cwd is a path inside the tree, not on this box: fix it where the run is published",
+            PERMANENT,
+        )
+    built = _build(tree, stage, cwd, build, digest, log)
+    path = _entry_path(built, cwd, entry, build, manifest is not None)
     command = entry_command(path, args)
     log(f"prepared run {manifest.run if manifest else '(no manifest)'}: {shlex.join(command)}")
     if manifest is None:

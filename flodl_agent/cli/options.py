@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
@@ -25,6 +25,7 @@ from ..names import name_problem, shown
 from ..pin import normalize
 from ..protocol import wire
 from ..sources.spec import SourceSpec, SpecError, parse_source
+from .precedence import Precedence, none
 
 DEFAULT_ADDR = "127.0.0.1:1337"  # where `fdl status` looks with no --addr and no cluster file
 TUNNEL_ADDR = "127.0.0.1:1337"  # the controller's end of an ssh forward, as seen from this box
@@ -119,34 +120,94 @@ def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
         ) from None
 
 
-def _host(flag: str | None, spec: str | None, block: str | None, hostname: str) -> str:
-    """--host > the launcher's spec > join.host > this box's hostname, held to the host-name rule."""
-    if flag == "":
-        raise OptionError("--host", "is empty", "leave --host out to use this box's hostname")
-    host = flag or spec or block or hostname
-    problem = name_problem(host)
-    if problem is not None and flag:
-        raise OptionError("--host", f"{problem[0]}; {problem[1]}")
-    if problem is not None:
-        where = "the launcher's host" if spec else ("join.host" if block else "this box's hostname")
-        raise OptionError("--host", f"{where} {problem[0]}", "name the box with --host NAME", kind="refusal")
-    return host
+# Flags (and FDL_TOKEN) > the launcher's spec > the join: block > this box, field by field.
+# `flags`, `spec` and `block` are the three as given (flags and spec seen through _Given, which
+# validates lazily); `box` is what this box knows without being told.
+JOIN: dict[str, Precedence] = {
+    "address": Precedence(("flags.address", "spec.address", "block.controller", "box.tunnel")),
+    "devices": Precedence(("flags.devices", "spec.devices", "block.devices"), none),
+    "host": Precedence(("flags.host", "spec.host", "block.host", "box.hostname")),
+    "bin": Precedence(("flags.bin", "block.bin")),
+    "args": Precedence(("flags.args", "block.args")),
+    "data_path": Precedence(("spec.data_path", "block.data_path")),
+    "socket_ifname": Precedence(("spec.socket_ifname", "block.nccl_socket_ifname")),
+    "data_source": Precedence(("block.data_source",)),
+    "tls_fingerprint": Precedence(
+        ("flags.pin", "flags.env_pin", "spec.tls_fingerprint", "block.tls_fingerprint")
+    ),
+    "persist": Precedence(("flags.persist", "block.persist"), none),
+    # The box's own join block beats its cluster entry (a later road knows the box better).
+    "gpu_ram_share": Precedence(("block.gpu_ram_share", "spec.gpu_ram_share"), none),
+    "docker": Precedence(("flags.docker", "spec.docker", "block.docker")),
+}
+_HOST_FROM = {
+    "spec.host": "the launcher's host",
+    "block.host": "join.host",
+    "box.hostname": "this box's hostname",
+}
 
 
-def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) -> JoinSettings:
-    """Flags (and FDL_TOKEN) > the launcher's spec > the join: block > defaults, field by field.
+class _Given:
+    """Flags or a launcher's spec as JOIN reads them: the pins and --docker validated when read."""
 
-    A launcher's spec comes with an empty block: its caller never reads ./fdl.yml then.
-    """
-    ssh = block.ssh
+    def __init__(self, given: JoinFlags | AgentSpec) -> None:
+        self._given = given
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._given, name)
+
+    @property
+    def address(self) -> str | None:
+        if isinstance(self._given, AgentSpec):
+            spec = self._given
+            return join_address(spec.controller_host, spec.controller_port) if spec.controller_host else None
+        return self._given.address
+
+    @property
+    def pin(self) -> str | None:
+        assert isinstance(self._given, JoinFlags)
+        return _pin(self._given.pin, "--tls-fingerprint")
+
+    @property
+    def env_pin(self) -> str | None:
+        assert isinstance(self._given, JoinFlags)
+        return _pin(self._given.env_pin, "FDL_TLS_FINGERPRINT")
+
+    @property
+    def docker(self) -> str | None:
+        if isinstance(self._given, AgentSpec) or not self._given.docker:
+            return self._given.docker
+        try:
+            return Join.model_validate({"docker": self._given.docker}).docker
+        except ValidationError as exc:
+            raise OptionError("--docker", first_error(exc)) from None
+
+
+@dataclass(frozen=True)
+class _Box:
+    hostname: str
+    tunnel: str | None  # the controller's end of an ssh forward, when this box dials through one
+
+
+def _ssh(flags: JoinFlags, block: Join) -> Ssh | None:
+    """--ssh (with -i) > join.ssh (-i replacing its identity_file)."""
     if flags.ssh:
-        ssh = parse_ssh_dest(flags.ssh, flags.identity)
-    elif flags.identity and ssh is not None:
-        ssh = ssh.model_copy(update={"identity_file": str(flags.identity)})
-    spec_addr = join_address(spec.controller_host, spec.controller_port) if spec.controller_host else None
+        return parse_ssh_dest(flags.ssh, flags.identity)
+    if flags.identity and block.ssh is not None:
+        return block.ssh.model_copy(update={"identity_file": str(flags.identity)})
+    return block.ssh
+
+
+def _empty_flags(flags: JoinFlags) -> None:
+    """A flag given as "" is a mistake, not a request for the next source."""
     if flags.address == "":
         raise OptionError("ADDRESS", "is empty; write host[:port], e.g. 10.0.0.1:1337")
-    addr = flags.address or spec_addr or block.controller or (TUNNEL_ADDR if ssh is not None else None)
+    if flags.host == "":
+        raise OptionError("--host", "is empty", "leave --host out to use this box's hostname")
+
+
+def _address(places: Mapping[str, object]) -> tuple[str, int]:
+    addr, _ = JOIN["address"].pick(places)
     if addr is None:
         raise OptionError(
             "ADDRESS",
@@ -155,18 +216,40 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
             kind="refusal",
         )
     try:
-        wanted = flags.devices if flags.devices is not None else spec.devices
-        offer = parse_devices(wanted) if wanted is not None else (block.devices or DeviceOffer("all"))
+        return split_address(addr)
+    except AddressError as exc:
+        raise OptionError("ADDRESS", exc.render()) from None
+
+
+def _devices(places: Mapping[str, object]) -> DeviceOffer:
+    offer, source = JOIN["devices"].pick(places)
+    if source is None:
+        return DeviceOffer("all")
+    if source == "block.devices":
+        return offer  # type: ignore[no-any-return]  # validated with the block
+    try:
+        return parse_devices(offer)
     except PydanticCustomError as exc:
         hint = exc.context["hint"] if exc.context else None
-        if flags.devices is not None:
+        if source == "flags.devices":
             raise OptionError("--devices", f"{exc}" + (f"; {hint}" if hint else "")) from None
         raise OptionError("--devices", f"the launcher's devices: {exc}", hint, kind="refusal") from None
-    entry, args = flags.bin or block.bin, list(flags.args) or list(block.args)
-    notes = []
+
+
+def _entry(
+    places: Mapping[str, object], flags: JoinFlags, block: Join
+) -> tuple[str | None, list[str], list[str]]:
+    """The entry point, its arguments, and a note when join.source overrides --bin."""
+    entry, _ = JOIN["bin"].pick(places)
+    args, _ = JOIN["args"].pick(places)
+    args = list(args or ())
     if block.source is not None and flags.bin:
-        notes.append("note: join.source names what runs (its manifest, or source.bin); --bin is ignored")
-    elif args and not entry and block.source is None:
+        return (
+            entry,
+            args,
+            ["note: join.source names what runs (its manifest, or source.bin); --bin is ignored"],
+        )
+    if args and not entry and block.source is None:
         # Arguments for which entry point? Guessing (the launch command's first word?) runs the
         # wrong thing on a `python3 train.py` launch; the walk-in says what it means instead.
         raise OptionError(
@@ -176,16 +259,38 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
             "launch command",
             kind="refusal",
         )
-    try:
-        host, port = split_address(addr)
-    except AddressError as exc:
-        raise OptionError("ADDRESS", exc.render()) from None
-    pin = _pin(flags.pin, "--tls-fingerprint") or _pin(flags.env_pin, "FDL_TLS_FINGERPRINT")
-    try:
-        docker = Join.model_validate({"docker": flags.docker}).docker if flags.docker else None
-    except ValidationError as exc:
-        raise OptionError("--docker", first_error(exc)) from None
-    name = _host(flags.host, spec.host, block.host, hostname)
+    return entry, args, []
+
+
+def _host(places: Mapping[str, object], named_by_flag: bool) -> str:
+    """The box's name, held to the host-name rule; the message says where a bad one came from."""
+    host, source = JOIN["host"].pick(places)
+    problem = name_problem(host)
+    if problem is None:
+        return host  # type: ignore[no-any-return]
+    if named_by_flag:
+        raise OptionError("--host", f"{problem[0]}; {problem[1]}")
+    raise OptionError(
+        "--host", f"{_HOST_FROM[str(source)]} {problem[0]}", "name the box with --host NAME", kind="refusal"
+    )
+
+
+def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) -> JoinSettings:
+    """Each field from the first of its JOIN sources that is set.
+
+    A launcher's spec comes with an empty block: its caller never reads ./fdl.yml then.
+    """
+    ssh = _ssh(flags, block)
+    _empty_flags(flags)
+    box = _Box(hostname, TUNNEL_ADDR if ssh is not None else None)
+    places: dict[str, object] = {"flags": _Given(flags), "spec": _Given(spec), "block": block, "box": box}
+    host, port = _address(places)
+    offer = _devices(places)
+    entry, args, notes = _entry(places, flags, block)
+    value = {field: JOIN[field].pick(places)[0] for field in ("data_path", "socket_ifname", "data_source")}
+    pin, _ = JOIN["tls_fingerprint"].pick(places)
+    docker, _ = JOIN["docker"].pick(places)
+    name = _host(places, bool(flags.host))
     return JoinSettings(
         controller_host=host,
         controller_port=port,
@@ -195,18 +300,17 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         bin=entry,
         ssh=ssh,
         tunnel=ssh is not None or spec.tunnel,
-        data_path=spec.data_path or block.data_path or "",
+        data_path=value["data_path"] or "",
         env={**block.env, **spec.env},
-        socket_ifname=spec.socket_ifname or block.nccl_socket_ifname or "",
+        socket_ifname=value["socket_ifname"] or "",
         source=block.source,
-        data_source=block.data_source or "",
+        data_source=value["data_source"] or "",
         args=args,
-        tls_fingerprint=pin or spec.tls_fingerprint or block.tls_fingerprint or "",
-        persist=block.persist if flags.persist is None else flags.persist,
+        tls_fingerprint=pin or "",
+        persist=bool(JOIN["persist"].pick(places)[0]),
         notes=tuple(notes),
-        # The box's own join block beats its cluster entry (a later road knows the box better).
-        gpu_ram_share=block.gpu_ram_share if block.gpu_ram_share is not None else spec.gpu_ram_share,
-        docker=docker or spec.docker or block.docker or "",
+        gpu_ram_share=JOIN["gpu_ram_share"].pick(places)[0],
+        docker=docker or "",
     )
 
 
@@ -304,6 +408,19 @@ class PublishSettings:
     gate_venv: str | None = None  # cluster.controller.arch: <path>/libtorch/<arch>, the gate's variant
 
 
+# Flags > the publish: block > defaults (applied in resolve_publish), field by field.
+PUBLISH: dict[str, Precedence] = {
+    "source": Precedence(("flags.spec", "block.source")),
+    "served": Precedence(("flags.served", "block.to")),
+    "bin": Precedence(("flags.bin", "block.bin")),
+    "cwd": Precedence(("flags.cwd", "block.cwd")),
+    "build": Precedence(("flags.build", "block.build")),
+    "args": Precedence(("flags.tail", "block.args"), none),  # an empty tail still replaces publish.args
+    "model_probe": Precedence(("flags.model_probe", "block.model_probe"), none),
+    "identity": Precedence(("flags.identity", "block.identity")),
+}
+
+
 def resolve_publish(
     flags: PublishFlags, block: Publish, controller: Controller | None = None
 ) -> PublishSettings:
@@ -317,24 +434,25 @@ def resolve_publish(
             "keep docker (build in the service) or arch (build with <path>/libtorch/<arch>)",
             kind="refusal",
         )
-    text = flags.spec or block.source
+    places = {"flags": flags, "block": block}
+    text, _ = PUBLISH["source"].pick(places)
     if text is None:
         raise OptionError("SPEC", "name a source: SPEC, or publish.source in fdl.yml", kind="usage")
     try:
         source = parse_source(text)
     except SpecError as exc:
         raise OptionError("SPEC", exc.render()) from None
-    key = flags.identity or (Path(block.identity) if block.identity else None)
+    value = {field: rule.pick(places)[0] for field, rule in PUBLISH.items()}
     return PublishSettings(
         source=source,
-        served=flags.served or Path(block.to or DEFAULT_SERVED),
-        bin=flags.bin or block.bin,
-        cwd=flags.cwd or block.cwd or ".",
-        build=flags.build or block.build,
-        args=list(flags.tail) if flags.tail is not None else list(block.args),
+        served=Path(value["served"] or DEFAULT_SERVED),
+        bin=value["bin"],
+        cwd=value["cwd"] or ".",
+        build=value["build"],
+        args=list(value["args"] or ()),
         no_build=flags.no_build,
-        model_probe=block.model_probe if flags.model_probe is None else flags.model_probe,
-        identity=key,
+        model_probe=bool(value["model_probe"]),
+        identity=Path(value["identity"]) if value["identity"] else None,
         gate_docker=controller.docker if controller is not None else None,
         gate_venv=variant_venv(controller.path, controller.arch) if controller and controller.arch else None,
     )

@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -14,6 +15,9 @@ from rich.markup import escape
 from ..address import AddressError, join_address, split_address
 from ..config import Cluster
 from .common import emit_json, err, json_opt, load, out
+
+if TYPE_CHECKING:
+    from ..placement import FleetSpec, ParallelismSpec, Plan
 
 
 def fleet_of_cluster(cluster: Cluster | None, path: Path, role: str) -> tuple[int, int]:
@@ -121,30 +125,12 @@ def plan(
     from ..placement import FleetSpec, ParallelismSpec, PlacementError, preflight
 
     try:
-        env = dict(os.environ)
-        if role:
-            env["DOCKYARD_FLEET_ROLE"] = role
-        segments: list[str] = []
-        if config_file is not None:
-            cluster = load(config_file, None, as_json).config.cluster
-            nodes, gpus_per_node = fleet_of_cluster(
-                cluster, config_file, env.get("DOCKYARD_FLEET_ROLE", "trainer")
-            )
-            env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
-        if ray_address is not None:
-            nodes, gpus_per_node, segments = _fleet_from_ray(ray_address, nodes, segment_size)
-            env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
-        for name, value in (
-            ("DOCKYARD_NUM_NODES", nodes),
-            ("DOCKYARD_GPUS_PER_NODE", gpus_per_node),
-            ("DOCKYARD_SEGMENT_SIZE", segment_size),
-        ):
-            if value is not None:
-                env[name] = str(value)
+        env, segments = _fleet_env(
+            role, nodes, gpus_per_node, segment_size, config_file, ray_address, as_json
+        )
         fleet = FleetSpec.from_env(env)
         spec = ParallelismSpec(tensor, pipeline, 1, expert)
-        if data is None and fleet.total_gpus and fleet.total_gpus % spec.replica == 0:
-            data = fleet.total_gpus // spec.replica
+        data = _default_data(data, spec, fleet)
         result = preflight(replace(spec, data=data or 1), fleet)
     except PlacementError as exc:
         if as_json:
@@ -152,7 +138,58 @@ def plan(
         else:
             err.print(f"fdl plan: {exc.render()}", style="red", markup=False)
         raise SystemExit(1) from None
-    payload = {
+    if as_json:
+        emit_json(_payload(fleet, spec, data, result, segments))
+        return
+    _show(fleet, spec, data, result, segments)
+
+
+def _fleet_env(
+    role: str | None,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    segment_size: int | None,
+    config_file: Path | None,
+    ray_address: str | None,
+    as_json: bool,
+) -> tuple[dict[str, str], list[str]]:
+    """The DOCKYARD_* environment the fleet is read from (this one's, under the flags and the
+    cluster file's or Ray's counts) and the segment nodes Ray picked."""
+    env = dict(os.environ)
+    if role:
+        env["DOCKYARD_FLEET_ROLE"] = role
+    segments: list[str] = []
+    if config_file is not None:
+        cluster = load(config_file, None, as_json).config.cluster
+        nodes, gpus_per_node = fleet_of_cluster(
+            cluster, config_file, env.get("DOCKYARD_FLEET_ROLE", "trainer")
+        )
+        env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
+    if ray_address is not None:
+        nodes, gpus_per_node, segments = _fleet_from_ray(ray_address, nodes, segment_size)
+        env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
+    for name, value in (
+        ("DOCKYARD_NUM_NODES", nodes),
+        ("DOCKYARD_GPUS_PER_NODE", gpus_per_node),
+        ("DOCKYARD_SEGMENT_SIZE", segment_size),
+    ):
+        if value is not None:
+            env[name] = str(value)
+    return env, segments
+
+
+def _default_data(data: int | None, spec: ParallelismSpec, fleet: FleetSpec) -> int | None:
+    """--data, else the size that uses every GPU; None when no whole number of replicas does."""
+    if data is None and fleet.total_gpus and fleet.total_gpus % spec.replica == 0:
+        return fleet.total_gpus // spec.replica
+    return data
+
+
+def _payload(
+    fleet: FleetSpec, spec: ParallelismSpec, data: int | None, result: Plan, segments: list[str]
+) -> dict[str, Any]:
+    """What `fdl plan --json` prints for a placeable request."""
+    return {
         "ok": True,
         "fleet": {
             "role": fleet.role,
@@ -161,19 +198,28 @@ def plan(
             "strategy": fleet.placement_strategy,
             "segment_size": fleet.segment_size,
         },
-        "parallelism": {"tensor": tensor, "pipeline": pipeline, "data": data, "expert": expert},
+        "parallelism": {
+            "tensor": spec.tensor,
+            "pipeline": spec.pipeline,
+            "data": data,
+            "expert": spec.expert,
+        },
         "replica_gpus": result.replica_gpus,
         "replicas": result.replicas,
         "unified": result.unified,
         "notes": result.notes,
         "segment_nodes": segments,
     }
-    if as_json:
-        emit_json(payload)
-        return
+
+
+def _show(
+    fleet: FleetSpec, spec: ParallelismSpec, data: int | None, result: Plan, segments: list[str]
+) -> None:
+    """What `fdl plan` prints for a placeable request."""
     out.print(
         f"[green]placeable[/]: {fleet.role} fleet, {fleet.num_nodes} nodes x {fleet.gpus_per_node} GPUs "
-        f"({fleet.placement_strategy}); tensor {tensor} x pipeline {pipeline} x data {data} (expert {expert})"
+        f"({fleet.placement_strategy}); tensor {spec.tensor} x pipeline {spec.pipeline} x data {data} "
+        f"(expert {spec.expert})"
     )
     replicas = f"{result.replicas} replica{'s' * (result.replicas != 1)} of {result.replica_gpus} GPUs"
     if result.unified:

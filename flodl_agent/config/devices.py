@@ -77,6 +77,30 @@ def _gpu_list(items: list[Any]) -> DeviceOffer:
     return DeviceOffer("gpus", gpus=tuple(items))
 
 
+def _cpus(value: str, count: str) -> DeviceOffer:
+    """``cpu:N``'s N (``value`` as written, for the message)."""
+    if not _COUNT.fullmatch(count) or int(count) < 1:
+        raise _bad(f"`{shown(value)}` needs a CPU rank count", "write cpu:N with N >= 1, e.g. cpu:2")
+    if int(count) > MAX_DEVICES:
+        raise _too_many(int(count))
+    return DeviceOffer("cpu", cpus=int(count))
+
+
+def _text(value: str) -> DeviceOffer:
+    """The string spellings: ``all``, ``cpu:N`` or ``"0,1"``."""
+    text = value.strip()
+    if not text:
+        raise _bad("is empty", f"write {DEVICE_FORMS}")
+    if text == "all":
+        return DeviceOffer("all")
+    if text.startswith("cpu:") or text == "cpu":
+        return _cpus(value, text.removeprefix("cpu").removeprefix(":"))
+    parts = [p.strip() for p in text.split(",")]
+    if all(_COUNT.fullmatch(p) for p in parts):
+        return _gpu_list([int(p) for p in parts])
+    raise _bad(f"`{shown(value)}` is not a device offer")
+
+
 def parse_devices(value: Any) -> DeviceOffer:
     if isinstance(value, DeviceOffer):
         return value
@@ -84,24 +108,9 @@ def parse_devices(value: Any) -> DeviceOffer:
         return _gpu_list(list(value))
     if isinstance(value, int) and not isinstance(value, bool):
         return _gpu_list([value])
-    if not isinstance(value, str):
-        raise _bad(f"`{shown(repr(value))}` is not a device offer")
-    text = value.strip()
-    if not text:
-        raise _bad("is empty", f"write {DEVICE_FORMS}")
-    if text == "all":
-        return DeviceOffer("all")
-    if text.startswith("cpu:") or text == "cpu":
-        count = text.removeprefix("cpu").removeprefix(":")
-        if not _COUNT.fullmatch(count) or int(count) < 1:
-            raise _bad(f"`{shown(value)}` needs a CPU rank count", "write cpu:N with N >= 1, e.g. cpu:2")
-        if int(count) > MAX_DEVICES:
-            raise _too_many(int(count))
-        return DeviceOffer("cpu", cpus=int(count))
-    parts = [p.strip() for p in text.split(",")]
-    if all(_COUNT.fullmatch(p) for p in parts):
-        return _gpu_list([int(p) for p in parts])
-    raise _bad(f"`{shown(value)}` is not a device offer")
+    if isinstance(value, str):
+        return _text(value)
+    raise _bad(f"`{shown(repr(value))}` is not a device offer")
 
 
 def dump_devices(offer: DeviceOffer) -> list[int] | str:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 TIMEOUT = 10.0  # a vendor tool's run
 MAX_BYTES = 1 << 20  # per file
@@ -151,27 +152,42 @@ def bounded_run(
         return Ran(127, b"", f"{argv[0]}: {exc.strerror or exc}\n".encode(), 0.0, False)
     kept = [bytearray(), bytearray()]
     more = threading.Event()
-
-    def drain(fd: int, into: bytearray) -> None:
-        while block := os.read(fd, 65536):
-            room = limit - len(into)
-            into.extend(block[: max(room, 0)])
-            if len(block) > room:
-                more.set()
-
     pipes = [p for p in (proc.stdout, proc.stderr) if p is not None]
     readers = [
-        threading.Thread(target=drain, args=(p.fileno(), kept[i]), daemon=True) for i, p in enumerate(pipes)
+        threading.Thread(target=_drain, args=(p.fileno(), kept[i], limit, more), daemon=True)
+        for i, p in enumerate(pipes)
     ]
     for reader in readers:
         reader.start()
-    code: int | None
+    code = _wait(proc, timeout)
+    _reap(proc, readers, pipes, cut=code is None)
+    return Ran(code, bytes(kept[0]), bytes(kept[1]), time.monotonic() - start, more.is_set())
+
+
+def _drain(fd: int, into: bytearray, limit: int, more: threading.Event) -> None:
+    """Read a pipe to its end, keeping ``limit`` bytes; ``more`` set when some were dropped."""
+    while block := os.read(fd, 65536):
+        room = limit - len(into)
+        into.extend(block[: max(room, 0)])
+        if len(block) > room:
+            more.set()
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """Its exit code, or None when it is still running after ``timeout`` seconds."""
     try:
-        code = proc.wait(timeout)
+        return proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        code = None
+        return None
+
+
+def _reap(
+    proc: subprocess.Popen[bytes], readers: Sequence[threading.Thread], pipes: Sequence[IO[bytes]], cut: bool
+) -> None:
+    """Join the readers (at once when cut), end what is left of its session, and close the
+    pipes unless an escaped child still holds one."""
     for reader in readers:
-        reader.join(0 if code is None else 2.0)
+        reader.join(0 if cut else 2.0)
     # Cut, or done: what is left of its session goes too (a child holding the pipes, or one
     # it gave up on: the probe's own rocm-smi that hung).
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -182,7 +198,6 @@ def bounded_run(
     if not any(r.is_alive() for r in readers):  # one that escaped the group keeps its pipe
         for pipe in pipes:
             pipe.close()
-    return Ran(code, bytes(kept[0]), bytes(kept[1]), time.monotonic() - start, more.is_set())
 
 
 # --- the environment -------------------------------------------------------------------

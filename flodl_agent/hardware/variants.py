@@ -280,6 +280,78 @@ def _fix(root: Path) -> str:
     return f"set libtorch: cu126 (or rocm6.4, --libtorch) explicitly, or install a covering variant in {root}"
 
 
+def explicit(wanted: str, installed: Sequence[Venv], running: Venv, root: Path) -> Choice:
+    """A named variant: its venv when installed (a broken one is refused), the running venv
+    when it is that variant, else the variant to acquire."""
+    for v in installed:
+        if v.name == wanted:
+            if v.problem:
+                raise Permanent(
+                    f"libtorch {wanted}: the venv at {v.path} cannot run the agent: {v.problem}",
+                    f"remove {v.path} so join acquires it again, or reinstall it",
+                )
+            return Choice(wanted, v.path, f"{wanted} as asked, installed at {v.path}")
+    if not running.problem and running.variant == wanted:
+        return Choice(wanted, running.path, f"{wanted} as asked: the running venv is {wanted}")
+    return Choice(wanted, None, f"{wanted} as asked, not installed under {root}")
+
+
+def cpu_box(usable: Sequence[Venv], running: Venv) -> Choice:
+    """``auto`` with no card: ``cpu``, else the running venv (any torch runs CPU ranks), else
+    any working one; with none, acquire ``cpu``."""
+    # of equals, the first installed wins
+    v = min(usable, key=lambda v: (v.variant != "cpu", v.path != running.path), default=None)
+    if v is None:
+        return Choice("cpu", None, "a CPU box with no working torch venv")
+    why = "a CPU box" if v.variant == "cpu" else f"a CPU box; {v.variant} runs CPU ranks"
+    return Choice(v.variant, v.path, why)
+
+
+def covering(usable: Sequence[Venv], kind: str, cards: Sequence[Gpu], running: Venv) -> Choice | None:
+    """The newest installed ``kind`` variant whose kernels cover every card (the running venv
+    among equals); None when none does."""
+    fits = [v for v in usable if vendor(v.variant) == kind and _covers_all(v.torch.archs, cards)]
+    if not fits:
+        return None
+    best = max(fits, key=lambda v: (version_key(v.variant), v.path == running.path))
+    return Choice(best.variant, best.path, f"{best.variant} covers {_cards(cards)}")
+
+
+def _uncovered(cards: Sequence[Gpu]) -> str:
+    return f"no installed variant covers {_cards(cards)}"
+
+
+def cuda_to_acquire(cards: Sequence[Gpu], driver_cuda: str, sources: Mapping[str, str], root: Path) -> Choice:
+    """The newest CUDA variant the driver runs, among join.torch_sources' (else the known ones)."""
+    what = _uncovered(cards)
+    if not driver_cuda:
+        raise Permanent(f"libtorch auto: {what}, and the driver's CUDA version is unknown", _fix(root))
+    keys = [k for k in sources if vendor(k) == "nvidia"] or list(KNOWN_CUDA)
+    driver = version_key("cu" + driver_cuda.replace(".", ""))
+    fits = [k for k in keys if version_key(k) <= driver]
+    if not fits:
+        raise Permanent(
+            f"libtorch auto: {what}, and the driver's CUDA {driver_cuda} is older than every "
+            f"known variant ({', '.join(sorted(keys, key=version_key))})",
+            "upgrade the NVIDIA driver, or " + _fix(root),
+        )
+    pick = max(fits, key=version_key)
+    return Choice(pick, None, f"{what}; the driver runs CUDA {driver_cuda}: acquiring {pick}")
+
+
+def rocm_to_acquire(cards: Sequence[Gpu], rocm: str, sources: Mapping[str, str], root: Path) -> Choice:
+    """The installed ROCm's variant, else the newest in join.torch_sources."""
+    what = _uncovered(cards)
+    pick = rocm_variant(rocm) or max((k for k in sources if vendor(k) == "amd"), key=version_key, default="")
+    if not pick:
+        raise Permanent(
+            f"libtorch auto: {what}, and no ROCm version is known (no /opt/rocm/.info/version, "
+            "no rocm key in join.torch_sources)",
+            _fix(root),
+        )
+    return Choice(pick, None, f"{what}; ROCm {pick[4:]} on this box: acquiring {pick}")
+
+
 def choose(
     wanted: str,
     installed: Sequence[Venv],
@@ -295,56 +367,19 @@ def choose(
     variant of their vendor whose kernels cover every card; else the variant to acquire:
     the newest CUDA one the driver runs, or the installed ROCm's.
     """
-    sources = sources or {}
-    candidates = [v for v in installed if v.path != running.path] + [running]
     if wanted != "auto":
-        for v in installed:
-            if v.name == wanted:
-                if v.problem:
-                    raise Permanent(
-                        f"libtorch {wanted}: the venv at {v.path} cannot run the agent: {v.problem}",
-                        f"remove {v.path} so join acquires it again, or reinstall it",
-                    )
-                return Choice(wanted, v.path, f"{wanted} as asked, installed at {v.path}")
-        if not running.problem and running.variant == wanted:
-            return Choice(wanted, running.path, f"{wanted} as asked: the running venv is {wanted}")
-        return Choice(wanted, None, f"{wanted} as asked, not installed under {root}")
+        return explicit(wanted, installed, running, root)
+    # the running venv counts once, whether or not it lives under the root
+    candidates = [v for v in installed if v.path != running.path] + [running]
     usable = [v for v in candidates if not v.problem]
     if not box.gpus:
-        for v in sorted(usable, key=lambda v: (v.variant != "cpu", v.path != running.path)):
-            why = "a CPU box" if v.variant == "cpu" else f"a CPU box; {v.variant} runs CPU ranks"
-            return Choice(v.variant, v.path, why)
-        return Choice("cpu", None, "a CPU box with no working torch venv")
+        return cpu_box(usable, running)
     kind, cards = _vendor_cards(box)
-    covering = [v for v in usable if vendor(v.variant) == kind and _covers_all(v.torch.archs, cards)]
-    if covering:
-        best = max(covering, key=lambda v: (version_key(v.variant), v.path == running.path))
-        return Choice(best.variant, best.path, f"{best.variant} covers {_cards(cards)}")
-    what = f"no installed variant covers {_cards(cards)}"
+    if found := covering(usable, kind, cards, running):
+        return found
     if kind == "nvidia":
-        if not box.driver_cuda:
-            raise Permanent(f"libtorch auto: {what}, and the driver's CUDA version is unknown", _fix(root))
-        keys = [k for k in sources if vendor(k) == "nvidia"] or list(KNOWN_CUDA)
-        driver = version_key("cu" + box.driver_cuda.replace(".", ""))
-        fits = [k for k in keys if version_key(k) <= driver]
-        if not fits:
-            raise Permanent(
-                f"libtorch auto: {what}, and the driver's CUDA {box.driver_cuda} is older than every "
-                f"known variant ({', '.join(sorted(keys, key=version_key))})",
-                "upgrade the NVIDIA driver, or " + _fix(root),
-            )
-        pick = max(fits, key=version_key)
-        return Choice(pick, None, f"{what}; the driver runs CUDA {box.driver_cuda}: acquiring {pick}")
-    pick = rocm_variant(box.rocm) or max(
-        (k for k in sources if vendor(k) == "amd"), key=version_key, default=""
-    )
-    if not pick:
-        raise Permanent(
-            f"libtorch auto: {what}, and no ROCm version is known (no /opt/rocm/.info/version, "
-            "no rocm key in join.torch_sources)",
-            _fix(root),
-        )
-    return Choice(pick, None, f"{what}; ROCm {pick[4:]} on this box: acquiring {pick}")
+        return cuda_to_acquire(cards, box.driver_cuda, sources or {}, root)
+    return rocm_to_acquire(cards, box.rocm, sources or {}, root)
 
 
 # --- the listing (`fdl libtorch list`) -----------------------------------------------

@@ -14,7 +14,11 @@ from bench import netns
 
 ROOT = Path(__file__).parents[2]
 
-pytestmark = pytest.mark.skipif(netns.available() is not None, reason=f"a shaped network {netns.available()}")
+pytestmark = [
+    pytest.mark.skipif(netns.available() is not None, reason=f"a shaped network {netns.available()}"),
+    # Alone with the other timing-minded test: it measures links it shapes, on 2 cores.
+    pytest.mark.xdist_group("netns"),
+]
 
 
 def test_the_shaped_bench_builds_its_network_measures_over_it_and_removes_it() -> None:

@@ -37,6 +37,10 @@ from pathlib import Path
 
 rank = int(os.environ["RANK"])
 
+# One xdist worker runs the podman tests, one after another: one lab image build, one engine.
+pytestmark = pytest.mark.xdist_group("podman")
+
+
 def reach(port):
     try:
         socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()

@@ -20,7 +20,7 @@ import yaml
 
 from flodl_agent.config import Cluster, load_config
 from flodl_agent.fleet.dispatch import DispatchError, count_devices
-from tests.support import free_port
+from tests.support import NO_GPU, free_port
 from tests.support import sshd as sshd_kit
 from tests.support.sshd import Sshd, loopback_cluster
 
@@ -161,7 +161,7 @@ def test_a_launch_whose_all_worker_cannot_be_counted_fails_before_the_window_ope
 def test_on_a_gpu_box_a_worker_offering_all_runs_one_rank_per_counted_gpu(sshd: Sshd, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
-        pytest.skip("needs a CUDA device and nvidia-smi")
+        pytest.skip(f"{NO_GPU} needs a CUDA device and nvidia-smi")
     out = tmp_path / "ranks"
     out.mkdir()
     path = loopback_cluster(tmp_path, sshd, free_port())

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -358,7 +359,9 @@ def test_a_watched_launch_stopped_by_the_operator_does_not_linger_and_frees_its_
             except Unreachable:
                 return False
 
+        deadline = time.monotonic() + 30
         while not await asyncio.to_thread(watched):  # polled: the launch counts as watched
+            assert not task.done() and time.monotonic() < deadline, "the launch never served its status"
             await asyncio.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)  # the launch's own handler takes it
         return await asyncio.wait_for(task, 60)  # well inside the 600 s it would linger

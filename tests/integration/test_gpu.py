@@ -13,12 +13,13 @@ import pytest
 
 from flodl_agent.config import DeviceOffer
 from flodl_agent.controller.controller import Controller
+from tests.support import NO_GPU
 from tests.support.control_plane import agent, run, settings, walk_in
 
 torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason=f"{NO_GPU} needs a CUDA device"),
 ]
 
 SCRIPT = """

@@ -29,6 +29,10 @@ open(where, "w").write(hashlib.sha256(f"{inside} {sys.prefix}".encode()).hexdige
 """
 
 
+# One xdist worker runs the podman tests, one after another: one lab image build, one engine.
+pytestmark = pytest.mark.xdist_group("podman")
+
+
 def source(root: Path) -> Path:
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "probe.py").write_text(PROBE)

@@ -24,6 +24,10 @@ print(json.dumps({"address": address, "gpus": ray.cluster_resources().get("GPU",
 """
 
 
+# One xdist worker runs the Ray tests, one after another: a Ray cluster holds fixed ports and /tmp/ray.
+pytestmark = pytest.mark.xdist_group("ray")
+
+
 def ray_stop() -> None:
     ray = Path(sys.executable).with_name("ray")
     subprocess.run([str(ray), "stop", "--force"], capture_output=True, timeout=120, check=False)

@@ -26,6 +26,10 @@ from flodl_agent.placement.ray_cluster import (  # noqa: E402
 NODES = [("A", 0), ("A", 1), ("B", 2), ("B", 3)]
 
 
+# One xdist worker runs the Ray tests, one after another: a Ray cluster holds fixed ports and /tmp/ray.
+pytestmark = pytest.mark.xdist_group("ray")
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Any, list[Any]]]:
     lab = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})

@@ -13,6 +13,10 @@ import textwrap
 
 from flodl_agent.config import ConfigError, FdlConfig, Problem, parse_yaml, validate_document
 
+# Begins the reason of every skip for want of a GPU: the one skip CI allows (tests/conftest.py),
+# and only in a test marked `gpu`.
+NO_GPU = "no GPU:"
+
 
 def problems_of(text: str, name: str = "fdl.cluster.yml") -> list[Problem]:
     """The problems a document raises (empty when it is valid)."""

@@ -19,7 +19,11 @@ def test_skipped_by_a_marker():
 
 @pytest.mark.gpu
 def test_needs_a_gpu():
-    pytest.skip("needs a CUDA device")
+    pytest.skip("no GPU: needs a CUDA device")
+
+@pytest.mark.gpu
+def test_gpu_wants_sshd():
+    pytest.skip("sshd is not installed")
 
 @pytest.mark.xfail(reason="a known bug")
 def test_known_bug():
@@ -49,16 +53,17 @@ def test_under_ci_a_skip_fails_naming_its_reason_and_the_install_step(
     monkeypatch.setenv("CI", "true")
     result = suite.runpytest("-m", "not lab", "-rA")
     # A skip in the body fails the test; one at set-up (a skipif marker) errors it.
-    result.assert_outcomes(passed=1, failed=1, errors=1, skipped=1, xfailed=1, deselected=1)
+    result.assert_outcomes(passed=1, failed=2, errors=1, skipped=1, xfailed=1, deselected=1)
     result.stdout.fnmatch_lines(["*rsync is not installed*", "*sshfs or /dev/fuse missing*"])
+    result.stdout.fnmatch_lines(["*sshd is not installed*"])  # a gpu test, but not for want of a GPU
     result.stdout.fnmatch_lines(["*CI=true: install it from the project (scripts/system-deps*"])
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
 def test_under_ci_a_gpu_test_may_still_skip(suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
-    result = suite.runpytest("-k", "gpu or known_bug or passes")
-    result.assert_outcomes(passed=1, skipped=1, xfailed=1, deselected=3)
+    result = suite.runpytest("-k", "needs_a_gpu or known_bug or passes")
+    result.assert_outcomes(passed=1, skipped=1, xfailed=1, deselected=4)
     assert result.ret == pytest.ExitCode.OK
 
 
@@ -71,7 +76,7 @@ def test_off_ci_a_skip_stays_a_skip(
     else:
         monkeypatch.setenv("CI", ci)
     result = suite.runpytest("-m", "not lab")
-    result.assert_outcomes(passed=1, skipped=3, xfailed=1, deselected=1)
+    result.assert_outcomes(passed=1, skipped=4, xfailed=1, deselected=1)
     assert result.ret == pytest.ExitCode.OK
 
 

@@ -76,6 +76,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.probing.findings": IO_MODULES,
     "flodl_agent.agent.compose": IO_MODULES,
     "flodl_agent.cli.options": PYDANTIC,
+    "flodl_agent.cli.precedence": IO_MODULES,
     "flodl_agent.agent.spec": PYDANTIC,
     "flodl_agent.placement": IO_MODULES,
     "flodl_agent.placement.fleet": IO_MODULES,

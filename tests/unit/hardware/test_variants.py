@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,11 @@ from flodl_agent.hardware.variants import (
     build_variant,
     choose,
     coverage,
+    covering,
+    cpu_box,
+    cuda_to_acquire,
     default_source,
+    explicit,
     fleet_argv,
     index_args,
     libtorch_root,
@@ -25,6 +31,7 @@ from flodl_agent.hardware.variants import (
     parse_driver_cuda,
     parse_facts,
     pip_failure,
+    rocm_to_acquire,
     rocm_variant,
     source_for,
     torch_argv,
@@ -158,6 +165,139 @@ def test_auto_with_nothing_determinable_is_permanent_and_names_the_fix(box: BoxG
 def test_a_venv_whose_torch_does_not_import_is_skipped_by_auto() -> None:
     choice = choose("auto", [venv("cu128", BROKEN), venv("cu126", CU126)], BoxGpus([A40], "12.8"), DEV)
     assert choice.venv == ROOT / "cu126"
+
+
+# --- choose's rules, one at a time ----------------------------------------------------
+
+FIX = f"set libtorch: cu126 (or rocm6.4, --libtorch) explicitly, or install a covering variant in {ROOT}"
+RUNNING = venv("cu126", CU126)
+DEV_CU126 = Venv(".venv", Path("/work/main/.venv"), CU126)
+
+
+@pytest.mark.parametrize(
+    ("step", "args", "expected"),
+    [
+        # explicit: installed, the running venv's own, missing, broken
+        (
+            explicit,
+            ("cu126", [venv("cpu", CPU), RUNNING], DEV, ROOT),
+            Choice("cu126", ROOT / "cu126", f"cu126 as asked, installed at {ROOT / 'cu126'}"),
+        ),
+        (
+            explicit,
+            ("cpu", [venv("cu126", CU126)], DEV, ROOT),
+            Choice("cpu", DEV.path, "cpu as asked: the running venv is cpu"),
+        ),
+        (
+            explicit,
+            ("cu128", [], DEV, ROOT),
+            Choice("cu128", None, f"cu128 as asked, not installed under {ROOT}"),
+        ),
+        (
+            explicit,
+            ("cpu", [venv("cpu", CPU, fdl=False)], DEV, ROOT),
+            Permanent(
+                f"libtorch cpu: the venv at {ROOT / 'cpu'} cannot run the agent: "
+                "flodl-fleet is not installed in it (no bin/fdl)",
+                f"remove {ROOT / 'cpu'} so join acquires it again, or reinstall it",
+            ),
+        ),
+        # a CPU box: cpu first, then the running venv over another installed one, else acquire cpu
+        (cpu_box, ([RUNNING, venv("cpu", CPU)], RUNNING), Choice("cpu", ROOT / "cpu", "a CPU box")),
+        (
+            cpu_box,
+            ([venv("cu128", CU128), RUNNING], RUNNING),
+            Choice("cu126", RUNNING.path, "a CPU box; cu126 runs CPU ranks"),
+        ),
+        (cpu_box, ([], DEV), Choice("cpu", None, "a CPU box with no working torch venv")),
+        # covering: the newest build of the cards' vendor, the running venv of equals; none for an sm_120
+        (
+            covering,
+            ([venv("cu118", CU118), venv("cu126", CU126), venv("rocm6.4", ROCM64)], "nvidia", [A40], DEV),
+            Choice("cu126", ROOT / "cu126", "cu126 covers GPU 0 (sm_86)"),
+        ),
+        (
+            covering,
+            ([RUNNING, venv("cu118", CU118), DEV_CU126], "nvidia", [A40], DEV_CU126),
+            Choice("cu126", DEV_CU126.path, "cu126 covers GPU 0 (sm_86)"),
+        ),
+        (covering, ([venv("cu126", CU126), venv("rocm6.4", ROCM64)], "nvidia", [PRO6000], DEV), None),
+        # the CUDA to acquire: the newest the driver runs; no driver version or too old a one is permanent
+        (
+            cuda_to_acquire,
+            ([PRO6000], "12.8", {}, ROOT),
+            Choice(
+                "cu128",
+                None,
+                "no installed variant covers GPU 1 (sm_120); the driver runs CUDA 12.8: acquiring cu128",
+            ),
+        ),
+        (
+            cuda_to_acquire,
+            ([A40], "12.9", {"cu124": "/w", "cu126": "/w", "rocm6.4": "/w"}, ROOT),
+            Choice(
+                "cu126",
+                None,
+                "no installed variant covers GPU 0 (sm_86); the driver runs CUDA 12.9: acquiring cu126",
+            ),
+        ),
+        (
+            cuda_to_acquire,
+            ([A40], "", {}, ROOT),
+            Permanent(
+                "libtorch auto: no installed variant covers GPU 0 (sm_86), "
+                "and the driver's CUDA version is unknown",
+                FIX,
+            ),
+        ),
+        (
+            cuda_to_acquire,
+            ([A40], "12.2", {"cu124": "/w", "cu126": "/w"}, ROOT),
+            Permanent(
+                "libtorch auto: no installed variant covers GPU 0 (sm_86), "
+                "and the driver's CUDA 12.2 is older than every known variant (cu124, cu126)",
+                "upgrade the NVIDIA driver, or " + FIX,
+            ),
+        ),
+        # the ROCm to acquire: the installed one's, else the newest source; neither is permanent
+        (
+            rocm_to_acquire,
+            ([W7900], "6.2.4-120\n", {"rocm6.4": "/w"}, ROOT),
+            Choice(
+                "rocm6.2",
+                None,
+                "no installed variant covers GPU 0 (gfx1100); ROCm 6.2 on this box: acquiring rocm6.2",
+            ),
+        ),
+        (
+            rocm_to_acquire,
+            ([W7900], "", {"rocm6.3": "/w", "rocm6.4": "/w", "cu130": "/w"}, ROOT),
+            Choice(
+                "rocm6.4",
+                None,
+                "no installed variant covers GPU 0 (gfx1100); ROCm 6.4 on this box: acquiring rocm6.4",
+            ),
+        ),
+        (
+            rocm_to_acquire,
+            ([W7900], "", {"cu126": "/w"}, ROOT),
+            Permanent(
+                "libtorch auto: no installed variant covers GPU 0 (gfx1100), and no ROCm version is known "
+                "(no /opt/rocm/.info/version, no rocm key in join.torch_sources)",
+                FIX,
+            ),
+        ),
+    ],
+)
+def test_each_rule_of_choose_gives_its_choice_or_refusal(
+    step: Callable[..., Choice | None], args: tuple[Any, ...], expected: Choice | Permanent | None
+) -> None:
+    if isinstance(expected, Permanent):
+        with pytest.raises(Permanent) as caught:
+            step(*args)
+        assert (caught.value.message, caught.value.fix) == (expected.message, expected.fix)
+    else:
+        assert step(*args) == expected
 
 
 # --- facts ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Any
 
 import numpy as np
@@ -91,8 +92,10 @@ def test_bulk_frames_stream_both_ways_in_order_between_small_ones() -> None:
     asyncio.run(scenario())
 
 
-async def _until(done: Any) -> None:
+async def _until(done: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
     while not done():
+        assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
 
 
