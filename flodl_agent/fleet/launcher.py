@@ -192,16 +192,7 @@ async def launch(
 ) -> int:
     """Run one launch to its verdict; ``watch`` (a live display) runs alongside, and
     ``report`` gets the run's report (the world as formed, every rank's exit) at the end."""
-    try:
-        # `local_devices: all` workers are counted before the window's plan is fixed.
-        probed = await count_devices(cluster, log) if options.fanout else {}
-    except DispatchError as exc:
-        raise LaunchError(exc.message, exc.fix) from None
-    controller = controller_for(cluster, options, log, probed)
-    try:
-        await controller.start()
-    except BindError as exc:
-        raise bind_failure(exc, controller.settings.bind, controller.settings.port) from None
+    controller, probed = await _open(cluster, options, log)
     settings = controller.settings
     mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
     window = settings.window
@@ -235,17 +226,7 @@ async def launch(
     stop.install()
     try:
         if options.fanout and cluster.workers:
-            try:
-                plans = [
-                    plan(w, cluster, controller.port, controller.host_key(w.host), settings.bind)
-                    for w in cluster.workers
-                ]
-            except FanoutError as exc:
-                raise LaunchError(str(exc), "or launch with --no-fanout and let workers walk in") from None
-            try:
-                await fanout.start(plans)
-            except FanoutError as exc:
-                raise LaunchError(str(exc), "install openssh-client on the controller box") from None
+            await _fan_out(fanout, cluster, controller)
         watcher = asyncio.ensure_future(watch(controller)) if watch is not None else None
         await controller.finished.wait()
         if watcher is not None:
@@ -263,6 +244,39 @@ async def launch(
     if report is not None:
         report(controller.view.report())
     return stop.exit_code(controller.exit_code)
+
+
+async def _open(
+    cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]
+) -> tuple[Controller, Mapping[str, int]]:
+    """The launch's controller, its join window open, and the ranks of the ``all`` workers
+    it counted (with fan-out)."""
+    try:
+        # `local_devices: all` workers are counted before the window's plan is fixed.
+        probed = await count_devices(cluster, log) if options.fanout else {}
+    except DispatchError as exc:
+        raise LaunchError(exc.message, exc.fix) from None
+    controller = controller_for(cluster, options, log, probed)
+    try:
+        await controller.start()
+    except BindError as exc:
+        raise bind_failure(exc, controller.settings.bind, controller.settings.port) from None
+    return controller, probed
+
+
+async def _fan_out(fanout: Fanout, cluster: Cluster, controller: Controller) -> None:
+    """An ssh session to every worker, its spec (host key included) on the session's stdin."""
+    try:
+        plans = [
+            plan(w, cluster, controller.port, controller.host_key(w.host), controller.settings.bind)
+            for w in cluster.workers
+        ]
+    except FanoutError as exc:
+        raise LaunchError(str(exc), "or launch with --no-fanout and let workers walk in") from None
+    try:
+        await fanout.start(plans)
+    except FanoutError as exc:
+        raise LaunchError(str(exc), "install openssh-client on the controller box") from None
 
 
 async def _linger(controller: Controller, seconds: float) -> None:

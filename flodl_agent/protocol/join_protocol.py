@@ -251,6 +251,11 @@ class JoinServer(_Side):
         if self._notice:
             self.state = State.REFUSED
             return KeyRefused()
+        return self._read_hello()
+
+    def _read_hello(self) -> Event | _NeedData:
+        """The hello, once whole: tagged with the key of the host it names (bound) and echoing
+        this connection's nonce."""
         try:
             frame = self._frame(self._claimed if self.run_key is not None else None)
         except wire.Dropped as exc:

@@ -431,18 +431,29 @@ class Codec:
         else:
             meta = memoryview(bytes(buf[HEADER.size : end]))
             del buf[:end]
-        if kind in BLOB_KINDS and not len(blob):
+        if kind in BLOB_KINDS:
+            return self._bulk_frame(kind, tag, meta, blob)
+        self._verify(kind, tag, meta, blob)
+        return Frame(Kind(kind), _map(meta), blob)
+
+    def _bulk_frame(self, kind: int, tag: bytes, meta: Blob, blob: Blob) -> Frame:
+        """A whole bulk frame: its raw bytes split from its map (unless they arrived in a
+        destination of their own), the frame verified, then held to its one direction."""
+        if not len(blob):
             split = META.size + META.unpack_from(meta)[0]
             meta, blob = meta[:split], meta[split:]
+        self._verify(kind, tag, meta, blob)
+        if kind in self._sent_kinds:
+            raise Dropped("kind", f"{Kind(kind).name} already flows the other way on this connection")
+        self._received_kinds.add(Kind(kind))
+        return Frame(Kind(kind), _map(meta[META.size :]), blob)
+
+    def _verify(self, kind: int, tag: bytes, meta: Blob, blob: Blob) -> None:
+        """A whole frame's tag, checked at this stream's sequence number: a frame that
+        verifies counts as received, and the first that does not ends the stream."""
         if not hmac.compare_digest(tag, self._tag(self.received, kind, meta, blob)):
             raise Dropped("tag")
         self.received += 1
-        if kind in BLOB_KINDS:
-            if kind in self._sent_kinds:
-                raise Dropped("kind", f"{Kind(kind).name} already flows the other way on this connection")
-            self._received_kinds.add(Kind(kind))
-            meta = meta[META.size :]
-        return Frame(Kind(kind), _map(meta), blob)
 
     def next_frame_keyed(self, key_of: Callable[[Kind, dict[str, Any]], bytes]) -> Frame | None:
         """The next frame, verified under the key its own map names (``key_of(kind, body)``):

@@ -170,6 +170,19 @@ class Hub:
         state = self._rounds.get(round_no)
         if state is None:
             state = self._rounds[round_no] = _Round(self._buffer(size), bf16)
+        self._follows(state, host, round_no, weight, offset, count, size)
+        if weight > 0:  # a host whose ranks took no step contributes nothing
+            self._add(state, offset, decode(data, bf16))
+        state.prefix[host] = offset + count
+        self.bytes_in += len(data)
+        return self._ready(round_no)
+
+    @staticmethod
+    def _follows(
+        state: _Round, host: str, round_no: int, weight: float, offset: int, count: int, size: int
+    ) -> None:
+        """A host's pieces of a round come once each, in order, under one weight: its first
+        piece's, recorded as its share."""
         have = state.prefix.get(host)
         if have is not None and (have >= size or state.weights[host] == 0):
             raise Mismatch(f"{host} sent round {round_no} twice")  # a zero weight's first piece is all
@@ -182,11 +195,6 @@ class Hub:
                 f"{host} sent parameters {offset}-{offset + count} of round {round_no}; "
                 f"expected the next from {have} of {size}"
             )
-        if weight > 0:  # a host whose ranks took no step contributes nothing
-            self._add(state, offset, decode(data, bf16))
-        state.prefix[host] = offset + count
-        self.bytes_in += len(data)
-        return self._ready(round_no)
 
     def _buffer(self, size: int) -> np.ndarray:
         if len(self._spares) >= 2 and len(self._spares[0]) == size:

@@ -69,44 +69,53 @@ def join_windows(draw: st.DrawFn) -> dict[str, Any]:
     return out
 
 
+WORKER_KEYS = [
+    ("ssh", ssh),
+    ("tunnel", st.booleans()),
+    ("path", paths),
+    ("arch", st.sampled_from(["precompiled/cu128", "builds/sm61-sm120", "cpu"])),
+    ("docker", names),
+    ("data_path", paths),
+    ("env", env),
+    ("gpu_ram_share", shares),
+]
+
+
+@st.composite
+def workers_of(draw: st.DrawFn, host: str, several: bool) -> dict[str, Any]:
+    worker: dict[str, Any] = {"host": host, "local_devices": draw(devices)}
+    if several or draw(st.booleans()):
+        worker["nccl_socket_ifname"] = draw(st.sampled_from(["eth0", "enp1s0", "^lo,docker0", "=ib0"]))
+    for key, strategy in WORKER_KEYS:
+        if draw(st.booleans()):
+            worker[key] = draw(strategy)
+    return worker
+
+
+@st.composite
+def controllers(draw: st.DrawFn, join: dict[str, Any], roster: bool) -> dict[str, Any]:
+    controller: dict[str, Any] = {"host": draw(st.sampled_from(["127.0.0.1", "10.0.0.1", "ctrl.example"]))}
+    if draw(st.booleans()):
+        controller["port"] = draw(st.integers(1, 65535))
+    for key, strategy in [("path", paths), ("docker", names)]:
+        if draw(st.booleans()):
+            controller[key] = draw(strategy)
+    controller["join"] = join
+    # With no roster, a network bind must let walk-ins verify.
+    network_bind = controller["host"] != "127.0.0.1"
+    if not roster and network_bind and not join.get("tunnel_only") and "token" not in join:
+        join["open_admission"] = True
+    return controller
+
+
 @st.composite
 def clusters(draw: st.DrawFn) -> dict[str, Any]:
     hosts = draw(st.lists(names, max_size=5, unique=True))
     join = draw(join_windows())
     if not hosts:
         join.update(discovery=True, min_rank_start=join.get("min_rank_start", 1))
-    workers = []
-    for host in hosts:
-        worker: dict[str, Any] = {"host": host, "local_devices": draw(devices)}
-        if len(hosts) > 1 or draw(st.booleans()):
-            worker["nccl_socket_ifname"] = draw(st.sampled_from(["eth0", "enp1s0", "^lo,docker0", "=ib0"]))
-        for key, strategy in [
-            ("ssh", ssh),
-            ("tunnel", st.booleans()),
-            ("path", paths),
-            ("arch", st.sampled_from(["precompiled/cu128", "builds/sm61-sm120", "cpu"])),
-            ("docker", names),
-            ("data_path", paths),
-            ("env", env),
-            ("gpu_ram_share", shares),
-        ]:
-            if draw(st.booleans()):
-                worker[key] = draw(strategy)
-        workers.append(worker)
-    controller: dict[str, Any] = {"host": draw(st.sampled_from(["127.0.0.1", "10.0.0.1", "ctrl.example"]))}
-    if draw(st.booleans()):
-        controller["port"] = draw(st.integers(1, 65535))
-    for key, strategy in [("path", paths), ("docker", names), ("join", st.just(join))]:
-        if draw(st.booleans()) or key == "join":
-            controller[key] = draw(strategy)
-    if (
-        not hosts
-        and controller["host"] != "127.0.0.1"
-        and not join.get("tunnel_only")
-        and "token" not in join
-    ):
-        join["open_admission"] = True  # with no roster, a network bind must let walk-ins verify
-    cluster: dict[str, Any] = {"controller": controller, "workers": workers}
+    workers = [draw(workers_of(host, len(hosts) > 1)) for host in hosts]
+    cluster: dict[str, Any] = {"controller": draw(controllers(join, bool(hosts))), "workers": workers}
     if draw(st.booleans()):
         cluster["env"] = draw(env)
     if draw(st.booleans()):

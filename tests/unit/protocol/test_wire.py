@@ -225,6 +225,20 @@ def test_a_bulk_kind_flows_one_way_on_a_connection() -> None:
     assert caught.value.cause == "kind"
 
 
+@pytest.mark.parametrize("forged", [True, False])
+def test_a_bulk_frame_in_its_destination_is_verified_before_its_direction_is_judged(forged: bool) -> None:
+    # Raw bytes received straight into their destination take the same checks, in the same
+    # order: a forgery is counted as a bad tag, whichever way its kind flows.
+    tx, back = wire.Codec(KEY, max_payload=2 << 20), wire.Codec(KEY, max_payload=2 << 20)
+    back.encode_parts(wire.Kind.AVERAGE, {"r": 0}, b"")  # AVERAGE now flows from this side
+    data = bytearray(b"".join(tx.encode_parts(wire.Kind.AVERAGE, {"r": 0}, b"\x01" * (1 << 20))))
+    if forged:
+        data[-3] ^= 0x10
+    with pytest.raises(wire.Dropped) as caught:
+        receive(back, bytes(data), 1 << 16)
+    assert caught.value.cause == ("tag" if forged else "kind")
+
+
 def test_only_bulk_kinds_carry_raw_bytes() -> None:
     with pytest.raises(ValueError, match="no raw bytes"):
         wire.Codec(KEY).encode_parts(wire.Kind.HEARTBEAT, {}, b"x")
