@@ -124,7 +124,6 @@ class Window:
 
     def __init__(self, config: WindowConfig, opened_at: float) -> None:
         self._config = config
-        self._opened_at = opened_at
         self._window_end = opened_at + config.join_timeout
         self._cap = opened_at + config.max_join_timeout
         self._phase: Phase = "waiting"
@@ -282,7 +281,7 @@ class Window:
             return Keep(self._phase, None)
         self._phase = "failed"
         self._failure = reason
-        self._deadline = None
+        self._deadline = None  # pragma: no mutate (equivalent: next_deadline() reads it only while open)
         return Fail(reason)
 
     def snapshot(self, now: float, members: bool = True) -> dict[str, object]:
@@ -314,5 +313,5 @@ class Window:
 
     def _form(self) -> Form:
         self._phase = "forming"
-        self._deadline = None
+        self._deadline = None  # pragma: no mutate (equivalent: next_deadline() reads it only while open)
         return Form(self.members)
