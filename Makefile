@@ -48,27 +48,28 @@ unit: setup
 
 # Everything but the lab, on PYTEST_WORKERS xdist workers: most integration and e2e tests wait
 # on sshd, subprocesses and sockets, so more workers than cores pays. Tests that share a fixed
-# resource (podman and the lab image, Ray, shaped network namespaces) carry an xdist_group and
-# run on one worker, one after another.
+# resource (podman and the lab image, shaped network namespaces) carry an xdist_group and run
+# on one worker, one after another; those marked `serial` (Ray) run after, alone.
 PYTEST_WORKERS ?= 4
 test-fast: lint collection typecheck
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not lab and not serial"
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m "serial and not lab"
 
 # The podman lab fleet: site.yml, idempotence, the door, a run (minutes).
 test-lab: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m lab --timeout 1800 tests/lab
 
 # Molecule: each role alone on a lab node; converge + idempotence + verify
-# (minutes). The scenarios run by name, in this order (tests/molecule/default is
-# an empty stub that molecule loads first). The whole-fleet scenario is left to
+# (minutes). The scenarios run by name, side by side (scripts/molecule-scenarios;
+# tests/molecule/default is an empty stub that molecule loads first). The whole-fleet scenario is left to
 # `make test-molecule MOLECULE_SCENARIOS=fleet`: the lab suite converges, checks
 # and runs the same fleet in make test, so running both doubled a quarter hour.
 MOLECULE_SCENARIOS ?= controller worker
 test-molecule: setup
 	tests/lab/lab image
 	tests/lab/lab wheels
-	@echo "molecule: scenarios $(MOLECULE_SCENARIOS); each one's steps are its molecule.yml's test_sequence (controller, worker: create, converge, idempotence, verify; check mode is the lab suite's)"
-	cd tests && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" molecule test $(foreach s,$(MOLECULE_SCENARIOS),-s $(s))
+	@echo "molecule: scenarios $(MOLECULE_SCENARIOS), side by side; each one's steps are its molecule.yml's test_sequence (controller, worker: create, converge, idempotence, verify; check mode is the lab suite's)"
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/molecule-scenarios $(MOLECULE_SCENARIOS)
 
 test: test-fast test-molecule test-lab
 

@@ -37,10 +37,6 @@ from pathlib import Path
 
 rank = int(os.environ["RANK"])
 
-# One xdist worker runs the podman tests, one after another: one lab image build, one engine.
-pytestmark = pytest.mark.xdist_group("podman")
-
-
 def reach(port):
     try:
         socket.create_connection(("127.0.0.1", int(port)), timeout=5).close()
@@ -67,6 +63,10 @@ while not Path("GO").exists():  # the test's cue (it never comes when the run is
     time.sleep(0.05)
 sys.exit(3 if rank == 1 else 0)
 """
+
+
+# One xdist worker runs the podman tests, one after another: one lab image build, one engine.
+pytestmark = pytest.mark.xdist_group("podman")
 
 
 async def ranks_ready(proj: Path, ranks: int, ended: Callable[[], object]) -> list[dict[str, Any]]:

@@ -24,8 +24,9 @@ print(json.dumps({"address": address, "gpus": ray.cluster_resources().get("GPU",
 """
 
 
-# One xdist worker runs the Ray tests, one after another: a Ray cluster holds fixed ports and /tmp/ray.
-pytestmark = pytest.mark.xdist_group("ray")
+# After the parallel pass, alone: a Ray cluster holds fixed ports and /tmp/ray, and its start
+# times out on a box that is busy with other tests.
+pytestmark = pytest.mark.serial
 
 
 def ray_stop() -> None:
