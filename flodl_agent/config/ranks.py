@@ -70,6 +70,8 @@ def world_ranges(members: Iterable[tuple[str, int]], roster: Sequence[str]) -> d
     """The formed world: each ``(host, count)`` member's ranks, contiguous. Configured workers
     take theirs in worker order (the cluster file's promise); walk-ins follow in the order given
     (admission order)."""
+    # Not assign_contiguous: its RankRange per host costs 5x this loop at 10,000 hosts (13 ms
+    # against 2.5), on the formation's critical path; members carry at least one rank already.
     place = {host: i for i, host in enumerate(roster)}
     ordered = sorted(members, key=lambda m: place.get(m[0], len(place))) if place else members
     world: dict[str, range] = {}
