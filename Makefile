@@ -49,7 +49,7 @@ unit: setup
 # Everything but the lab, on PYTEST_WORKERS xdist workers: most integration and e2e tests wait
 # on sshd, subprocesses and sockets, so more workers than cores pays. Tests that share a fixed
 # resource (podman and the lab image, shaped network namespaces) carry an xdist_group and run
-# on one worker, one after another; those marked `serial` (Ray) run after, alone.
+# on one worker, one after another; those marked `serial` (Ray, one e2e walk-in test) run after, alone.
 PYTEST_WORKERS ?= 4
 test-fast: lint collection typecheck
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not lab and not serial"

@@ -18,7 +18,12 @@ import yaml
 from flodl_agent.config import ClusterBuilder
 from tests.support import free_port
 
-pytestmark = pytest.mark.skipif(shutil.which("fdl") is None, reason="the fdl console script is not on PATH")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("fdl") is None, reason="the fdl console script is not on PATH"),
+    # Alone, after the parallel pass: beside other tests its walk-ins hung after the world formed
+    # (twice in four parallel runs, never alone); why is not yet known (see the issue's note).
+    pytest.mark.serial,
+]
 pytest.importorskip("torch")
 
 RANK = """
