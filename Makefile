@@ -4,10 +4,15 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+# sslyze pins cryptography below the version flodl runs on, so the TLS audit
+# (tests/integration/test_tls_audit.py) runs it from a venv of its own.
+AUDIT       := build/audit-venv
+SSLYZE      := sslyze>=6.1,<7
+AUDIT_STAMP := $(AUDIT)/.installed-$(shell echo '$(SSLYZE)' | sha256sum | cut -c1-12)
 
 .PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection typecheck unit fuzz mutate lab-up lab-down gpu-wheels clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(AUDIT_STAMP)
 
 system-deps:
 	bash scripts/system-deps
@@ -17,6 +22,11 @@ $(STAMP): pyproject.toml | system-deps
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,ansible,ray]'
 	rm -f $(VENV)/.installed-* && touch $@
+
+$(AUDIT_STAMP): | system-deps
+	test -x $(AUDIT)/bin/python || python3 -m venv $(AUDIT)
+	$(AUDIT)/bin/pip install --quiet '$(SSLYZE)'
+	rm -f $(AUDIT)/.installed-* && touch $@
 
 demo: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo

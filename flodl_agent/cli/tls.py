@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..address import AddressError, check_host
+from ..protocol.tls import DAYS, MAX_DAYS, cert_fingerprint, check_days, generate
 from .common import fail
 
 
@@ -26,6 +27,13 @@ def _names(values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
+def _days(value: int) -> int:
+    try:
+        return check_days(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--days") from None
+
+
 @tls.command("generate")
 @click.option("--cert", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM out.")
 @click.option("--key", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM key out.")
@@ -36,12 +44,19 @@ def _names(values: tuple[str, ...]) -> tuple[str, ...]:
     callback=lambda _ctx, _param, values: _names(values),
     help="A DNS name or address of the controller (repeat).",
 )
+@click.option(
+    "--days",
+    type=int,
+    default=DAYS,
+    show_default=True,
+    callback=lambda _ctx, _param, value: _days(value),
+    help=f"Lifetime, at most {MAX_DAYS} (Mozilla's intermediate profile); renew with --force.",
+)
 @click.option("--force", is_flag=True, help="Replace an existing certificate (every pin must change).")
-def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> None:
+def tls_generate(cert: Path, key: Path, names: tuple[str, ...], days: int, force: bool) -> None:
     """Write a self-signed certificate and key (0600) for cluster.controller.tls; print the fingerprint
-    workers pin (join.tls_fingerprint)."""
-    from ..protocol.tls import generate
-
+    workers pin (join.tls_fingerprint). Renewing is the same command with --force, then every
+    worker's pin changes (site.yml re-pins them)."""
     if (cert.exists() or key.exists()) and not force:
         fail(
             "tls generate",
@@ -49,7 +64,7 @@ def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> 
             "keep it (fdl tls fingerprint prints its pin), or --force to replace it and re-pin",
         )
     try:
-        click.echo(generate(cert, key, list(names) or [socket.getfqdn()]))
+        click.echo(generate(cert, key, list(names) or [socket.getfqdn()], days))
     except OSError as exc:
         fail(
             "tls generate",
@@ -62,8 +77,6 @@ def tls_generate(cert: Path, key: Path, names: tuple[str, ...], force: bool) -> 
 @click.argument("cert", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 def tls_fingerprint(cert: Path) -> None:
     """Print a PEM certificate's pin (sha256:<hex>), as join.tls_fingerprint takes it."""
-    from ..protocol.tls import cert_fingerprint
-
     try:
         click.echo(cert_fingerprint(cert))
     except ValueError as exc:

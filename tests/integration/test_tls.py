@@ -10,9 +10,11 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from flodl_agent.agent.agent import PERMANENT, AgentFailure
 from flodl_agent.controller.controller import Controller
@@ -136,6 +138,57 @@ def test_the_cli_generates_prints_and_pins(tmp_path: Path) -> None:
         assert "this controller speaks TLS: pin its certificate" in done[2][1].decode()
         await ctl.finished.wait()
         assert ctl.exit_code == 0 and ctl.admitted == 2
+        await ctl.close()
+
+    run(scenario)
+
+
+def fdl_tls_generate(c: Path, k: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(FDL), "tls", "generate", "--cert", str(c), "--key", str(k), "--name", "127.0.0.1", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def lifetime(c: Path) -> timedelta:
+    made = x509.load_pem_x509_certificate(c.read_bytes())
+    return made.not_valid_after_utc - made.not_valid_before_utc
+
+
+def test_a_certificate_lives_a_year_and_never_past_the_profiles_cap(tmp_path: Path) -> None:
+    c, k = tmp_path / "c.pem", tmp_path / "c.key"
+    assert fdl_tls_generate(c, k).returncode == 0 and lifetime(c) == timedelta(days=365)
+    assert fdl_tls_generate(c, k, "--days", "366", "--force").returncode == 0
+    assert lifetime(c) == timedelta(days=366)
+    for days, told in (
+        ("367", "a certificate lives 1 to 366 days"),
+        ("0", "1 to 366"),
+        ("1y", "not a valid integer"),
+    ):
+        refused = fdl_tls_generate(tmp_path / "x.pem", tmp_path / "x.key", "--days", days)
+        assert refused.returncode == 2 and "--days" in refused.stderr, refused.stderr
+        assert told in refused.stderr, refused.stderr
+        assert not (tmp_path / "x.pem").exists() and not (tmp_path / "x.key").exists()
+    with pytest.raises(ValueError, match="renew it before it ends"):
+        generate(tmp_path / "y.pem", tmp_path / "y.key", ["127.0.0.1"], days=3650)
+
+
+def test_renewal_is_a_new_certificate_a_restart_and_a_re_pin(tmp_path: Path) -> None:
+    """By hand what site.yml does for the fleet: a new certificate (--force), the controller
+    restarted on it, the new pin on every worker. A worker still holding the old pin is told so
+    by name and goes no further."""
+    c, k = tmp_path / "c.pem", tmp_path / "c.key"
+    old = fdl_tls_generate(c, k).stdout.strip()
+    renewed = fdl_tls_generate(c, k, "--force")
+    new = renewed.stdout.strip()
+    assert renewed.returncode == 0 and new == cert_fingerprint(c) and new != old
+
+    async def scenario() -> None:
+        ctl = Controller(settings(tls=(str(c), str(k))))  # the restart: the port reads the files anew
+        await ctl.start()
+        addr = f"127.0.0.1:{ctl.port}"
+        with pytest.raises(Unreachable, match=f"not the pinned {old}"):
+            await asyncio.to_thread(request, addr, "GET", "/state.json", pin=old)
+        state = (await asyncio.to_thread(request, addr, "GET", "/state.json", pin=new)).body
+        assert state["phase"] == "waiting"
         await ctl.close()
 
     run(scenario)
