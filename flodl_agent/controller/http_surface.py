@@ -10,8 +10,17 @@ A browser is a client too. Every request must name this controller in ``Host``
 (an IP address, ``localhost``, or a name the controller answers to), so a page
 on a rebound DNS name cannot read ``/state.json``; a state-changing request that
 carries an ``Origin`` must come from the same origin, so a page open on the
-controller box (or on a machine holding the tunnel) cannot fire a start. Clients
+controller box (or on a machine holding the tunnel) cannot fire a start: same
+scheme (``http`` on a plain port, ``https`` on a TLS one), host and port. Clients
 that are not browsers (``fdl start``, curl) send no ``Origin``.
+
+Every response, refusals and errors included, carries the same security headers
+(``security_headers``): a Content-Security-Policy with ``frame-ancestors 'none'``
+(and ``X-Frame-Options: DENY`` for older browsers), so no other site can frame the
+page and trick a click on its start button; ``nosniff``, so a JSON or metrics
+body is never run as a script or style; no ``Referer`` leaving the page. The page's
+policy allows only its own inline script and style (by hash) and fetches to its
+origin; every other response's allows nothing and sandboxes what it shows.
 """
 
 from __future__ import annotations
@@ -29,9 +38,14 @@ from urllib.parse import urlsplit
 import h11
 
 from ..observe.metrics import PROMETHEUS_TEXT
-from ..observe.status_page import HTML, status_page
+from ..observe.status_page import HTML, LOCKED, page_policy, status_page
 
 JSON = "application/json"
+# A JSON, metrics or error body opened in a tab runs nothing and gets an opaque origin.
+API_POLICY = f"{LOCKED}; sandbox"
+# The methods HTTP defines: one of them on a route that does not take it is a 405 (with
+# Allow); anything else is a method this surface does not implement at all, a 501.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"})
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,7 @@ class Response:
     content_type: str = JSON
     head: bool = False  # HEAD: the headers only
     headers: Headers = ()
+    policy: str = API_POLICY  # its Content-Security-Policy
 
     @classmethod
     def json(
@@ -118,9 +133,45 @@ ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _same_origin(origin: str, host: str) -> bool:
+def security_headers(policy: str = API_POLICY) -> Headers:
+    """What every response carries (see the module's docstring), with ``policy`` as its CSP."""
+    return (
+        ("content-security-policy", policy),
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "no-referrer"),
+        ("cross-origin-resource-policy", "same-origin"),  # no other site embeds a body (<img>, <script>)
+    )
+
+
+def _same_origin(origin: str, host: str, scheme: str) -> bool:
+    """An origin is its scheme, host and port: https on a plain port (or http on a TLS one) is
+    another site, however alike the rest reads."""
     parts = urlsplit(origin.strip())
-    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.strip().lower()
+    return parts.scheme == scheme and parts.netloc.lower() == host.strip().lower()
+
+
+def _guard(method: str, headers: Mapping[str, str], policy: HostPolicy, scheme: str) -> Response | None:
+    """A browser's request refused (a rebound name, a cross-site start); None when it may pass."""
+    host = headers.get("host", "")
+    if not policy.allows(host):
+        return Response.json(
+            403,
+            {
+                "error": f"Host {host!r} does not name this controller: reach it by an IP address, "
+                "localhost, or the name it binds (cluster.controller.host)"
+            },
+        )
+    origin = headers.get("origin")
+    if method == "POST" and origin is not None and not _same_origin(origin, host, scheme):
+        return Response.json(
+            403,
+            {
+                "error": f"cross-site request refused (Origin {origin!r}, Host {host!r}; "
+                f"this port speaks {scheme})"
+            },
+        )
+    return None
 
 
 def route(
@@ -131,25 +182,16 @@ def route(
     routes: Routes,
     headers: Mapping[str, str] | None = None,
     policy: HostPolicy | None = None,
+    scheme: str = "http",
 ) -> Response:
-    """One request's response (pure over ``routes``); ``headers`` lowercased by name."""
+    """One request's response (pure over ``routes``); ``headers`` lowercased by name, ``scheme``
+    the port's (``https`` on a TLS port)."""
     path = target.split("?")[0]
-    if policy is not None:
-        headers = headers or {}
-        host = headers.get("host", "")
-        if not policy.allows(host):
-            return Response.json(
-                403,
-                {
-                    "error": f"Host {host!r} does not name this controller: reach it by an IP address, "
-                    "localhost, or the name it binds (cluster.controller.host)"
-                },
-            )
-        origin = headers.get("origin")
-        if method == "POST" and origin is not None and not _same_origin(origin, host):
-            return Response.json(
-                403, {"error": f"cross-site request refused (Origin {origin!r}, Host {host!r})"}
-            )
+    refused = None if policy is None else _guard(method, headers or {}, policy, scheme)
+    if refused is not None:
+        return refused
+    if method not in KNOWN_METHODS:
+        return Response.json(501, {"error": f"method {method} is not implemented here (GET, HEAD, POST are)"})
     allowed = ROUTES.get(path)
     if allowed is None:
         return Response.json(404, {"error": f"no route {method} {path}"})
@@ -168,7 +210,7 @@ def route(
         status, payload = routes.request_start(peer, body)
         return Response.json(status, payload)
     if path == "/":
-        return Response(200, status_page(), HTML, head)
+        return Response(200, status_page(), HTML, head, policy=page_policy())
     return Response(200, routes.metrics(), PROMETHEUS_TEXT, head)
 
 
@@ -178,6 +220,7 @@ def render(conn: h11.Connection, response: Response) -> bytes:
         ("content-length", str(len(response.body))),
         ("cache-control", "no-store"),
         ("connection", "close"),
+        *security_headers(response.policy),
         *response.headers,
     ]
     reason = HTTPStatus(response.status).phrase.encode()
@@ -222,11 +265,10 @@ async def serve(
             continue
         if isinstance(event, h11.Request):
             request = event
-            # h11 bounds a head still arriving; one that arrived whole in a read is measured here.
-            head = len(event.target) + sum(len(name) + len(value) + 4 for name, value in event.headers)
-            if head > limits.max_head:
-                bad("http")
-                return await _send(writer, conn, Response.json(431, {"error": "request headers too large"}))
+            refused = _oversized(event, limits)
+            if refused is not None:
+                bad("http")  # like a malformed head: no client of this surface sends one
+                return await _send(writer, conn, refused)
         elif isinstance(event, h11.Data):
             body += event.data
             if len(body) > limits.max_body:
@@ -237,7 +279,25 @@ async def serve(
         return
     headers = {name.decode().lower(): value.decode("latin-1") for name, value in request.headers}
     method, target = request.method.decode(), request.target.decode("latin-1")
-    await _send(writer, conn, route(method, target, body, peer, routes, headers, policy))
+    scheme = "https" if writer.get_extra_info("ssl_object") is not None else "http"
+    await _send(writer, conn, route(method, target, body, peer, routes, headers, policy, scheme))
+
+
+def _oversized(request: h11.Request, limits: HttpLimits) -> Response | None:
+    """A request refused on its head alone: one too large (h11 bounds a head still arriving;
+    one that arrived whole in a read is measured here), or a ``Content-Length`` over the body
+    limit, answered at once rather than after reading (or waiting for) a body it cannot have.
+    h11 has already answered a malformed ``Content-Length`` 400, as RFC 9112 asks."""
+    head = len(request.target) + sum(len(name) + len(value) + 4 for name, value in request.headers)
+    if head > limits.max_head:
+        return Response.json(431, {"error": "request headers too large"})
+    length = dict(request.headers).get(b"content-length")
+    if length is not None and int(length) > limits.max_body:
+        return Response.json(
+            413,
+            {"error": f"request body too large: Content-Length {int(length)} over {limits.max_body} bytes"},
+        )
+    return None
 
 
 async def _send(writer: asyncio.StreamWriter, conn: h11.Connection, response: Response) -> None:

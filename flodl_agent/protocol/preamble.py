@@ -16,7 +16,7 @@ class Channel(Enum):
     RENDEZVOUS = b"FLR1"
     DATA = b"FLD1"
     CONTROL = b"FLC1"
-    HTTP = b"HTTP"  # not a preamble: any of HTTP_METHODS
+    HTTP = b"HTTP"  # not a preamble: any HTTP method (see classify)
 
 
 # What a peer the dial guard turns away reads instead of a challenge: fixed bytes, so a flood
@@ -43,13 +43,19 @@ TLS_RECORDS = (b"\x15\x03", b"\x16\x03")
 TLS_CLEARTEXT_ALERT = b"\x15\x03\x03\x00\x02\x02\x46"
 TLS_DENIED_ALERT = b"\x15\x03\x03\x00\x02\x02\x31"
 
+
 # The first four bytes of every HTTP method: the status surface answers the others 405.
-HTTP_METHODS = frozenset({b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"PATC", b"OPTI"})
+def _method(first: bytes) -> bool:
+    """Whether ``first`` opens an HTTP request line: a method token in capitals, of three
+    letters and a space (GET, PUT) or four or more (POST, PROPFIND, BREW). Any such token
+    is HTTP, so a method the surface does not serve is answered 501, not dropped as junk."""
+    word = first[:3] if first[3:] == b" " else first
+    return len(first) == 4 and len(word) >= 3 and word.isalpha() and word.isupper() and first != b"HTTP"
 
 
 def classify(first: bytes) -> Channel | None:
     """The channel a connection's ``first`` four bytes ask for, or ``None`` for junk."""
-    if first in HTTP_METHODS:
+    if _method(first):
         return Channel.HTTP
     try:
         channel = Channel(first)

@@ -2,12 +2,15 @@
 own chromedriver: nothing is downloaded). A controller and two walk-ins run in a
 background event loop; the browser watches the window fill, fires the start from
 the page, sees the ranks train (their charts, the CPU plane's rounds and each host's
-share) and the timeline end with the verdict. The screenshot is kept in
-build/test-artifacts/."""
+share) and the timeline end with the verdict, all under the page's Content-Security-Policy
+with nothing refused in the browser's console. A page from another origin that frames the
+status page gets Chromium's error page in the frame, not the start button. The screenshot is
+kept in build/test-artifacts/."""
 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import shutil
 import sys
 import threading
@@ -75,11 +78,87 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     options.binary_location = str(shutil.which("chromium"))
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,800"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console: CSP refusals land there
     driver = webdriver.Chrome(service=Service(str(shutil.which("chromedriver"))), options=options)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+def refusals(log: list[dict[str, Any]]) -> list[str]:
+    """What the console said went wrong: a policy violation (source ``security``), a failed
+    load, a script error."""
+    return [
+        str(entry["message"]) for entry in log if entry["level"] == "SEVERE" or entry["source"] == "security"
+    ]
+
+
+@pytest.fixture
+def framer() -> Iterator[tuple[http.server.ThreadingHTTPServer, list[bytes]]]:
+    """Another origin (another port): it serves whatever page the test puts in the list."""
+    page: list[bytes] = [b""]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(page[0])))
+            self.end_headers()
+            self.wfile.write(page[0])
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, page
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_a_page_on_another_origin_cannot_frame_the_status_page(
+    loop: asyncio.AbstractEventLoop, browser: Any, framer: tuple[http.server.ThreadingHTTPServer, list[bytes]]
+) -> None:
+    """Clickjacking: a page that frames the status page under a decoy to trick a click on
+    its start button. The browser refuses to render the page in the frame at all."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ctl = Controller(settings(start="manual", quorum=1, target=None))
+    on(loop, ctl.start())
+    server, page = framer
+    victim = f"http://127.0.0.1:{ctl.port}/"
+    page[0] = (
+        f'<!doctype html><title>win a prize</title><iframe id="victim" src="{victim}"></iframe>'.encode()
+    )
+    log: list[dict[str, Any]] = []
+
+    def refused(_: Any) -> bool:
+        log.extend(browser.get_log("browser"))  # each read drains the console
+        return any("frame-ancestors 'none'" in m and victim in m for m in refusals(log))
+
+    try:
+        browser.get(f"http://127.0.0.1:{server.server_port}/")  # returns once the frame has loaded (or not)
+        WebDriverWait(browser, 10, poll_frequency=0.1).until(refused)
+        browser.switch_to.frame("victim")
+        # Chromium's error page stands in the frame: no status page, no start button to click.
+        assert browser.execute_script("return location.href") == "chrome-error://chromewebdata/"
+        assert (
+            browser.find_elements(By.ID, "start-form") == [] and browser.find_elements(By.ID, "phase") == []
+        )
+        browser.switch_to.default_content()
+        # The same page opened directly (not framed) works: the refusal is the frame's alone.
+        browser.get(victim)
+        WebDriverWait(browser, 10, poll_frequency=0.1).until(
+            lambda _: browser.find_element(By.ID, "phase").text == "waiting"
+        )
+    finally:
+        on(loop, ctl.close())
 
 
 def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train(
@@ -198,5 +277,8 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         assert [b.result(60) for b in boxes] == [0, 0]
         wait.until(lambda _: text("phase") == "done")
         wait.until(lambda _: timeline()[0] == ("verdict", "run complete: every host link closed"))
+        # All of it ran under the page's policy (hashed inline script and style, fetches to its
+        # own origin, Trusted Types): a blocked script, style or fetch would be logged here.
+        assert refusals(browser.get_log("browser")) == []
     finally:
         on(loop, ctl.close())

@@ -128,7 +128,7 @@ async def junk(port: int, rounds: int) -> None:
         with contextlib.suppress(OSError, ConnectionError):
             reader, writer = await asyncio.open_connection(REMOTE, port)
             writer.write(
-                [b"XXXX", preamble.Channel.JOIN.value + os.urandom(64), b"GET /" + os.urandom(32)][i % 3]
+                [b"xxxx", preamble.Channel.JOIN.value + os.urandom(64), b"GET /" + os.urandom(32)][i % 3]
             )
             await writer.drain()
             await asyncio.wait_for(reader.read(), 10)

@@ -263,7 +263,7 @@ def test_junk_channels_and_garbage_are_dropped_and_counted() -> None:
     async def scenario() -> None:
         ctl = Controller(settings(start="manual", quorum=5, target=None))
         await ctl.start()
-        for junk in (b"XXXX", preamble.Channel.JOIN.value + b"\x00" * 64):
+        for junk in (b"xxxx", preamble.Channel.JOIN.value + b"\x00" * 64):
             reader, writer = await asyncio.open_connection("127.0.0.1", ctl.port)
             writer.write(junk)
             await reader.read(65536)

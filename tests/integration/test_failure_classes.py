@@ -114,7 +114,7 @@ def test_a_rate_limited_box_is_told_so_for_the_cost_of_one_send_and_re_dials() -
         await ctl.start()
         for _ in range(3):  # bad dials: junk on the preamble
             reader, writer = await asyncio.open_connection(REMOTE, ctl.port)
-            writer.write(b"XXXX")
+            writer.write(b"xxxx")
             assert await reader.read() == b""  # cut without a word
             writer.close()
         await until(lambda: ctl.dropped["channel"] == 3)

@@ -133,7 +133,7 @@ def test_only_names_of_this_controller_are_served(host: str, allowed: bool) -> N
         ("http://attacker.example", False),
         ("http://127.0.0.1:9999", False),  # another port is another origin
         ("null", False),  # a sandboxed frame or a file:// page
-        ("https://127.0.0.1:1337", True),
+        ("https://127.0.0.1:1337", False),  # another scheme is another site
     ],
 )
 def test_a_start_from_another_origin_is_refused(origin: str | None, fired: bool) -> None:

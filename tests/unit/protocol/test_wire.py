@@ -138,7 +138,13 @@ def test_payloads_must_be_maps_without_extension_types() -> None:
         (b"\x00\x00\x00\x00", None),
         (b"PUT ", preamble.Channel.HTTP),  # answered 405 by the status surface
         (b"OPTI", preamble.Channel.HTTP),
-        (b"PUTS", None),
+        (b"PUTS", preamble.Channel.HTTP),  # a method the surface does not serve: 501
+        (b"BREW", preamble.Channel.HTTP),
+        (b"PROP", preamble.Channel.HTTP),
+        (b"Get ", None),
+        (b"GE  ", None),
+        (b"FLX1", None),
+        (b"\x16\x03\x01\x02", None),  # a TLS ClientHello on a cleartext port
     ],
 )
 def test_preamble_selects_the_channel(first: bytes, channel: preamble.Channel | None) -> None:
