@@ -417,11 +417,15 @@ class DialGuard:
 class Gate:
     """Which connections the controller serves at all, before any frame (pure).
 
-    Bad dials spend the peer's ``DialGuard`` budget; one address may hold at most
+    Bad dials spend the peer's ``DialGuard`` budget; one peer may hold at most
     ``per_peer`` unadmitted connections at once (so a flood cannot hold every
-    handshake slot or file descriptor). Loopback is exempt from both: under tunnels
-    every walk-in arrives from 127.0.0.1, and one bad tunnel must not lock the others
-    out. ``dropped`` counts every connection turned away or cut, by cause.
+    handshake slot or file descriptor); admitted ones do not count. A peer is an
+    address, or on loopback the local account that opened the connection (the
+    listener asks the kernel: ``tunnel_budget``), since under tunnels every walk-in
+    arrives from 127.0.0.1: a stolen door key's flood spends the door account's
+    budget, not the controller's descriptors. The controller's own user is exempt
+    from both (``counted`` False). ``dropped`` counts every connection turned away or
+    cut, by cause.
     """
 
     per_peer: int = 256
@@ -431,7 +435,7 @@ class Gate:
 
     def open(self, peer: str, counted: bool, now: float) -> bool:
         """A new connection from ``peer``; False (and counted) when it is turned away.
-        ``counted``: the peer is not loopback."""
+        ``counted``: False for the controller's own user on loopback (exempt)."""
         if not counted:
             return True
         if not self.guard.allow(peer, now):

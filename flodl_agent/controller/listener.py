@@ -5,16 +5,19 @@ the join channel goes to the controller's handshake, an HTTP method to the
 status surface, anything else is a bad dial. Before any of that — before a TLS
 handshake too — the ``admission.Gate`` decides whether this peer is served at all
 (rate limit, per-peer cap), on the bare accepted socket: a connection turned away
-costs one send and a close. A TLS handshake then has the preamble's deadline and
-counts as unadmitted for the per-peer cap while it runs. The listener also owns
-the bookkeeping that lets ``close()`` end every handler, and the log of dials it
-turned away or cut (one line per peer and cause a minute: ``log_limit``).
+costs one send and a close. A loopback connection is counted by the local account
+that opened it (``tunnel_budget``: the door's, when it came through a tunnel); only
+the controller's own user is exempt. A TLS handshake then has the preamble's
+deadline and counts as unadmitted for the per-peer cap while it runs. The listener
+also owns the bookkeeping that lets ``close()`` end every handler, and the log of
+dials it turned away or cut (one line per peer and cause a minute: ``log_limit``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import ssl
 import time
@@ -32,6 +35,7 @@ from . import http_surface
 from .accept import Acceptor, bind, raise_fd_limit
 from .admission import Gate
 from .log_limit import LogLimit
+from .tunnel_budget import Owners, Unavailable, account_name, budget_key
 
 
 class BindError(Exception):
@@ -51,15 +55,18 @@ class Timeouts:
     hello: float = 10.0  # the challenge's answer
     close_grace: float = 2.0  # handlers finishing on EOF at close() before they are cancelled
     handshakes: int = 2048  # unadmitted connections at once; a flood waits its turn by being dropped
-    # Unadmitted connections from one address at once (loopback exempt): one flooding
-    # address cannot hold every handshake slot or file descriptor. Generous for NAT.
+    # Unadmitted connections at once from one address, or from one local account on loopback
+    # (the door's: every tunnelled walk-in; the controller's own user is exempt): one flooding
+    # address or stolen door key cannot hold every handshake slot or file descriptor. Generous
+    # for NAT, and for a fleet's walk-ins through one door (each holds a slot for its handshake).
     per_peer: int = 256
     ship_batch: int = 512  # WorldFormed frames sent between yields to other work
     http: http_surface.HttpLimits = field(default_factory=http_surface.HttpLimits)
 
 
 # The join channel's handler: (reader, writer, peer, settle) where settle() says the
-# connection is no longer an unadmitted one of this peer.
+# connection is no longer an unadmitted one of this peer. ``peer``: the address, or for a
+# loopback connection of another local account, its budget's name (``tunnel_budget.label``).
 OnJoin = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str, Callable[[], None]], Awaitable[None]]
 
 
@@ -99,6 +106,10 @@ class Listener:
         self.note = note if note is not None else (lambda kind, line: log(line))
         self.gate = Gate(timeouts.per_peer)
         self.quiet = LogLimit()  # one line per peer and cause a minute, however hard a flood dials
+        self.owners = Owners()  # who opened a loopback connection's far end
+        self.own_uid = os.geteuid()  # loopback connections of this user are exempt from the gate
+        self._root = budget_key(0, self.own_uid, account_name)  # root's budget name (None: we are root)
+        self._blind = False  # nothing could tell who owns loopback connections (said once)
         self._context: ssl.SSLContext | None = None
         self._acceptor: Acceptor | None = None
         self._arriving: set[asyncio.Task[Any]] = set()  # before their streams: close() cancels them
@@ -145,6 +156,7 @@ class Listener:
     async def close(self) -> None:
         if self._acceptor is not None:
             self._acceptor.close()
+        self.owners.close()
         for task in list(self._arriving):
             task.cancel()  # a handshake or a silent socket: nothing of ours to finish
         # Closing every connection lets each handler finish on EOF; only a
@@ -167,6 +179,7 @@ class Listener:
         task.add_done_callback(self._tasks.discard)
 
     def bad(self, peer: str, cause: str) -> None:
+        # A local account's budget name is no address: it is counted, as remote peers are.
         self.gate.bad(peer, cause, not is_loopback(peer), self.clock())
         self.say("drop", (peer, cause), f"dropped a dial from {peer}: {DROP_WORDS.get(cause, cause)}")
 
@@ -191,45 +204,61 @@ class Listener:
             "frames are authenticated, not encrypted (cluster.controller.tls encrypts them)"
         )
 
+    def budget(self, sock: socket.socket, peer: str) -> str | None:
+        """The budget the connection spends at the gate: its address, or on loopback the local
+        account that opened it; None: the controller's own user (exempt). Under tunnels every
+        walk-in arrives from 127.0.0.1: an address would be one budget for every tunnel."""
+        if not is_loopback(peer):
+            return peer
+        try:
+            owner = self.owners.uid(sock)
+        except Unavailable as exc:
+            if not self._blind:
+                self._blind = True
+                self.log(f"note: loopback connections are not counted by account ({exc}): all are exempt")
+            return None
+        return budget_key(owner, self.own_uid, account_name)
+
     def _arrived(self, sock: socket.socket, peer: str) -> None:
         """A connection the acceptor took: the gate decides on the bare socket, before any TLS."""
         if sock.family == socket.AF_UNIX:
             local_port.tune(sock)
-        # Loopback is exempt from the gate: under tunnels every walk-in arrives from
-        # 127.0.0.1, and one bad tunnel must not lock the others out.
-        counted = not is_loopback(peer)
+        key = self.budget(sock, peer)
+        counted = key is not None
+        who = key or peer  # what the gate's books, the handlers and the log call it
         now = self.clock()
-        if self.gate.open(peer, counted, now):
-            task = asyncio.ensure_future(self._connection(sock, peer, counted))
+        if self.gate.open(who, counted, now):
+            task = asyncio.ensure_future(self._connection(sock, peer, who, counted))
             self._track(task)
             self._arriving.add(task)
             # However it ends (cancelled before it ran, too); a no-op once a transport closed it.
             task.add_done_callback(lambda _: sock.close())
             return
-        if not self.gate.guard.allow(peer, now):
+        if not self.gate.guard.allow(who, now):
             # The dialler learns why, for the price of one send: a TLS client reads an alert.
             _send_and_close(sock, preamble.TLS_DENIED_ALERT if self.tls else preamble.RATE_LIMITED)
-            self.say("drop", (peer, "rate_limited"), f"turned {peer} away: rate-limited after bad dials")
+            self.say("drop", (who, "rate_limited"), f"turned {who} away: rate-limited after bad dials")
             return
         sock.close()
         self.say(
             "drop",
-            (peer, "busy_peer"),
-            f"turned {peer} away: it holds {self.timeouts.per_peer} unadmitted connections already",
+            (who, "busy_peer"),
+            f"turned {who} away: it holds {self.timeouts.per_peer} unadmitted connections already",
         )
 
-    async def _connection(self, sock: socket.socket, peer: str, counted: bool) -> None:
+    async def _connection(self, sock: socket.socket, peer: str, who: str, counted: bool) -> None:
+        """Serve one connection from ``peer`` (its address), counted at the gate as ``who``."""
         unsettled = counted
 
         def settle() -> None:  # no longer an unadmitted connection of this peer
             nonlocal unsettled
             if unsettled:
                 unsettled = False
-                self.gate.settle(peer)
+                self.gate.settle(who)
 
         try:
             try:
-                opening = self._streams(sock, peer)
+                opening = self._streams(sock, who)
                 # Only a TLS port waits for anything here (the first bytes, the handshake).
                 streams = await (asyncio.wait_for(opening, self.timeouts.preamble) if self.tls else opening)
             finally:
@@ -237,18 +266,18 @@ class Listener:
                 if task is not None:
                     self._arriving.discard(task)
             if streams is not None:
-                await self._serve(*streams, peer, settle)
+                await self._serve(*streams, peer, who, settle)
         except TimeoutError:
-            self.bad(peer, "timeout")  # a silent dial on the TLS port, or a handshake that stalled
+            self.bad(who, "timeout")  # a silent dial on the TLS port, or a handshake that stalled
         except ssl.SSLError:
-            self.bad(peer, "tls")  # a handshake that failed: not TLS 1.2+, or not TLS at all
+            self.bad(who, "tls")  # a handshake that failed: not TLS 1.2+, or not TLS at all
         except OSError:
             pass  # reset or gone
         finally:
             settle()
 
     async def _streams(
-        self, sock: socket.socket, peer: str
+        self, sock: socket.socket, who: str
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """The connection as streams, over TLS on a TLS port; None when it ended before."""
         loop = asyncio.get_running_loop()
@@ -259,7 +288,7 @@ class Listener:
             if first[:1] != b"\x16":  # not a TLS handshake: a cleartext dial on the TLS port
                 http = preamble.classify(first) is preamble.Channel.HTTP
                 _send_and_close(sock, _CLEARTEXT_HTTP if http else preamble.TLS_CLEARTEXT_ALERT)
-                self.bad(peer, "cleartext")
+                self.bad(who, "cleartext")
                 return None
         reader = asyncio.StreamReader(limit=wire.CONTROL_MAX, loop=loop)
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
@@ -277,6 +306,7 @@ class Listener:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         peer: str,
+        who: str,
         settle: Callable[[], None],
     ) -> None:
         keepalive(writer)
@@ -287,25 +317,29 @@ class Listener:
             first = await asyncio.wait_for(reader.readexactly(4), self.timeouts.preamble)
             channel = preamble.classify(first)
             if channel is preamble.Channel.HTTP:
+                # A start needs no token from the operator on this box (the controller's own user,
+                # or root): their loopback address goes on. Another account's loopback connection
+                # (the door's tunnels) goes on as its budget's name, which is not loopback.
+                asker = peer if who in (peer, self._root) else who
                 await http_surface.serve(
                     first,
                     reader,
                     writer,
-                    peer,
+                    asker,
                     self.routes,
                     limits=self.timeouts.http,
-                    bad=lambda cause: self.bad(peer, cause),
+                    bad=lambda cause: self.bad(who, cause),
                     clock=self.clock,
                     policy=self.hosts,
                 )
             elif channel is preamble.Channel.JOIN:
-                await self.on_join(reader, writer, peer, settle)
+                await self.on_join(reader, writer, who, settle)
             else:
-                self.bad(peer, "channel")  # rendezvous, data and control ride the admitted join link
+                self.bad(who, "channel")  # rendezvous, data and control ride the admitted join link
         except wire.Dropped as exc:
-            self.bad(peer, exc.cause)
+            self.bad(who, exc.cause)
         except TimeoutError:
-            self.bad(peer, "timeout")  # a silent dial, a hello or a request that never completed
+            self.bad(who, "timeout")  # a silent dial, a hello or a request that never completed
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -333,7 +367,8 @@ _TLS_ERROR = (
 )
 _CLEARTEXT_HTTP = (
     b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    b"content-length: %d\r\n\r\n%s" % (len(_TLS_ERROR), _TLS_ERROR)
+    + b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in http_surface.security_headers())
+    + b"content-length: %d\r\n\r\n%s" % (len(_TLS_ERROR), _TLS_ERROR)
 )
 
 

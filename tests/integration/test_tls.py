@@ -235,15 +235,18 @@ def test_http_client_without_pin_on_tls_port_is_refused_by_the_server(cert: tupl
         ctl = Controller(settings(tls=(str(c), str(k))))
         await ctl.start()
 
-        def plain() -> tuple[int, dict[str, object]]:
+        def plain() -> tuple[int, dict[str, object], http.client.HTTPMessage]:
             conn = http.client.HTTPConnection("127.0.0.1", ctl.port, timeout=10)
             conn.request("GET", "/state.json")
             response = conn.getresponse()
-            return response.status, json.loads(response.read())
+            return response.status, json.loads(response.read()), response.headers
 
         # Told in cleartext what to do, and nothing of the state: no phase, no roster.
-        status, body = await asyncio.to_thread(plain)
+        status, body, headers = await asyncio.to_thread(plain)
         assert status == 400 and body["tls"] is True and "phase" not in body
+        # under the same headers as every other answer of the port: no frame, no sniffing
+        assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
         assert "speaks TLS: pin its certificate" in str(body["error"])
         await ctl.close()
 
