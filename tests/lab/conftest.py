@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.lab import LAB, ROOT, check_bare, lab_env
+from tests.support.lab import LAB, ROOT, check_bare, lab_env, play
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +29,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         yield env
     finally:
         subprocess.run([str(LAB), "down"], env=env, check=False, capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def fleet(lab: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The lab converged (a no-change pass when the fleet suite ran first)."""
+    converged = play(lab, "site.yml")
+    assert converged.returncode == 0, converged.stdout[-4000:]
+    yield lab

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,14 +35,6 @@ TRAINER = [
     CHECKPOINT,
 ]
 PYTHON = "/opt/flodl/libtorch/cpu/bin/python"
-
-
-@pytest.fixture(scope="module")
-def fleet(lab: dict[str, str]) -> Iterator[dict[str, str]]:
-    """The lab converged (a no-change pass when the fleet suite ran first)."""
-    converged = play(lab, "site.yml")
-    assert converged.returncode == 0, converged.stdout[-4000:]
-    yield lab
 
 
 def state() -> dict[str, Any]:

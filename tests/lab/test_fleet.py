@@ -21,7 +21,7 @@ import yaml
 
 from flodl_agent.pin import normalize
 from flodl_agent.protocol import wire
-from tests.support.lab import CONTROLLER, ROOT, WORKERS, bare_check, booted, in_lab, journals, on, play
+from tests.support.lab import CONTROLLER, DOOR, ROOT, WORKERS, bare_check, booted, in_lab, journals, on, play
 
 pytestmark = pytest.mark.lab
 
@@ -97,21 +97,6 @@ def test_the_door_effective_config(lab: dict[str, str]) -> None:
         "passwordauthentication no",
     ):
         assert line in config, line
-
-
-DOOR = [
-    "ssh",
-    "-i",
-    "/opt/flodl/.ssh/join_ed25519",
-    "-p",
-    "2222",
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "UserKnownHostsFile=/opt/flodl/.ssh/known_hosts",
-    "-o",
-    "StrictHostKeyChecking=yes",
-]
 
 
 def test_the_door_gives_no_shell_and_forwards_only_to_the_controller_port(lab: dict[str, str]) -> None:
@@ -232,6 +217,31 @@ def test_a_run_goes_through_tls_end_to_end(lab: dict[str, str]) -> None:
         # The run left no log file: its log is the unit's journal. (A cleartext `fdl status`
         # against a live TLS port is told what the port speaks: tests/integration/test_tls.py.)
         assert on(CONTROLLER, "test", "-e", "/var/log/flodl-run.log").returncode == 1
+        # The certificate lives a year; one nearing its end (here: a window longer than its
+        # life) is renewed by site.yml, and every worker re-pinned to it in the same pass.
+        cert = "/etc/flodl/tls/controller.pem"
+        life = on(CONTROLLER, "openssl", "x509", "-in", cert, "-noout", "-startdate", "-enddate").stdout
+        assert (
+            on(CONTROLLER, "openssl", "x509", "-in", cert, "-noout", "-checkend", str(366 * 86400)).returncode
+            == 1
+        )
+        renewed = play(
+            lab, "site.yml", "-e", "flodl_controller_tls=true", "-e", "flodl_controller_tls_renew_days=400"
+        )
+        assert renewed.returncode == 0, renewed.stdout[-4000:]
+        fresh = on(CONTROLLER, "fdl", "tls", "fingerprint", cert).stdout.strip()
+        assert fresh.startswith("sha256:") and fresh != pin, life
+        text = on(CONTROLLER, "openssl", "x509", "-in", cert, "-noout", "-text").stdout
+        assert (
+            "Authority Key Identifier" in text
+            and "CA:FALSE" in text
+            and "TLS Web Server Authentication" in text
+        )
+        for worker in WORKERS:
+            join = yaml.safe_load(on(worker, "cat", "/etc/flodl/fdl.yml").stdout)["join"]
+            assert normalize(join["tls_fingerprint"]) == fresh
+        again = play(lab, "playbooks/run.yml", "-e", "flodl_run_timeout=300")
+        assert again.returncode == 0, again.stdout[-3000:] + journals()
     finally:
         restored = play(lab, "site.yml")  # cleartext again, for the suites after this one
         assert restored.returncode == 0, restored.stdout[-4000:]

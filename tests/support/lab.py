@@ -12,6 +12,20 @@ ROOT = Path(__file__).parents[2]
 LAB = ROOT / "tests" / "lab" / "lab"
 NAME = "flodl-labtest"
 CONTROLLER, WORKERS = f"{NAME}-controller", [f"{NAME}-worker-1", f"{NAME}-worker-2"]
+# A worker's ssh to the door, as its service user holds it: its key, its pin, never a prompt.
+DOOR = [
+    "ssh",
+    "-i",
+    "/opt/flodl/.ssh/join_ed25519",
+    "-p",
+    "2222",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "UserKnownHostsFile=/opt/flodl/.ssh/known_hosts",
+    "-o",
+    "StrictHostKeyChecking=yes",
+]
 
 
 def lab_env(inventory: Path) -> dict[str, str]:
