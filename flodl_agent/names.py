@@ -12,6 +12,12 @@ the rest of a line around. Names with one are refused; other text is shown with 
 such code point escaped (``printable``). "Printable" is Python's ``str.isprintable``:
 every letter, digit, mark, punctuation and symbol, and the plain space.
 
+Text that reaches a process (an argument, an environment entry, a path) must be text the
+OS can pass: no NUL, which ends a C string (exec, putenv and open refuse it), and no lone
+surrogate, which has no encoding at all (``os_problem``); an environment name is not empty
+and holds no ``=`` either (``env_name_problem``). The schema and the wire both check it, so
+what would crash a spawn is refused by name where it is written or received.
+
 Pure: no IO.
 """
 
@@ -23,7 +29,7 @@ from collections.abc import Callable
 HOST_NAME_MAX = 253  # a full DNS name; the hello carries no longer one
 SHOWN_MAX = 60  # characters of a bad value quoted back in a message
 # A compose service (join.docker): compose's own rule, and never an option.
-SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SERVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` would take "svc\n"
 _FORBIDDEN = "/\\:@"  # a path, an address (host:port), a login (user@host)
 
 
@@ -91,3 +97,44 @@ def name_problem(name: str, what: str = "host name") -> tuple[str, str] | None:
     if name.startswith("-"):
         return f"`{shown(name)}` is not a {what}: it starts with `-`, which ssh reads as an option", fix
     return None
+
+
+NUL_FIX = "remove it (in YAML, a `\\0` or `\\x00` escape in a double-quoted string writes one)"
+
+
+def os_problem(text: str) -> tuple[str, str] | None:
+    """Why no process can be handed ``text`` as an argument, environment entry or path (a
+    message and its fix), or ``None`` when one can: a NUL byte, or a lone surrogate (YAML's
+    ``"\\ud800"``), which neither UTF-8 nor the file system encoding can write."""
+    if text.isprintable():  # the common case; NUL and every surrogate are unprintable
+        return None
+    if "\x00" in text:
+        return (
+            "holds a NUL byte (\\x00), which no argument, environment entry or path can carry: "
+            "the OS ends the text there",
+            NUL_FIX,
+        )
+    lone = next((c for c in text if "\ud800" <= c <= "\udfff"), None)
+    if lone is not None:
+        return (
+            f"holds {_escape(lone)}, a lone surrogate: no character, so it has no encoding a "
+            "process can be passed",
+            "write the character itself, or one `\\U` escape for it (e.g. \\U0001F600), not "
+            "the halves of a UTF-16 pair",
+        )
+    return None
+
+
+def env_name_problem(name: str) -> tuple[str, str] | None:
+    """Why ``name`` cannot name an environment variable (a message and its fix), or ``None``:
+    empty, holding ``=`` (the first ends the name, so the rest would be read as the value),
+    or what :func:`os_problem` refuses."""
+    if not name:
+        return "an environment variable's name is empty", "name the variable, or drop the entry"
+    if "=" in name:
+        return (
+            f"`{shown(name)}` holds `=`, which ends an environment variable's name (the rest "
+            "would be read as its value)",
+            "write the name alone as the key and the value after the colon (NAME: value)",
+        )
+    return os_problem(name)

@@ -9,10 +9,11 @@ which an agent derives its name's key) is for a spec written by hand.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..config import Worker
-from ..config.fields import Service, Variant
+from ..config.fields import OsEnv, OsText, Service, Variant
+from ..config.problems import format_path
 from ..credentials import SPEC_KEY_PATTERN
 
 
@@ -21,15 +22,16 @@ class AgentSpec(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    host: str | None = None
-    controller_host: str | None = None
+    # What reaches the ranks' argv, environment or paths is text a process can take (no NUL).
+    host: OsText | None = None
+    controller_host: OsText | None = None
     controller_port: int = Field(1337, ge=1, le=65535)
     key: str | None = Field(None, pattern=SPEC_KEY_PATTERN)  # the run's token: any name's key derives from it
     host_key: str | None = Field(None, pattern=SPEC_KEY_PATTERN)  # the key of ``host`` alone
-    devices: str | None = None
-    data_path: str = ""
-    env: dict[str, str] = Field(default_factory=dict)
-    socket_ifname: str = Field("", max_length=256)
+    devices: OsText | None = None
+    data_path: OsText = ""
+    env: OsEnv = Field(default_factory=dict)
+    socket_ifname: OsText = Field("", max_length=256)
     # cluster.workers[].arch: the torch variant sub-path (under a libtorch root) the agent and
     # its ranks should run from. Fan-out already execs <path>/libtorch/<arch>/bin/fdl when it
     # exists; an agent that finds itself elsewhere may re-exec into the variant's fdl. Unset:
@@ -76,8 +78,13 @@ def encode(spec: AgentSpec) -> bytes:
 def decode(text: str) -> AgentSpec:
     """The inverse of ``encode`` (a trailing newline or blanks are fine)."""
     try:
-        return AgentSpec.model_validate_json(bytes.fromhex(text.strip()))
-    except ValueError as exc:  # bad hex, bad JSON, or a field out of bounds
-        raise ValueError(
-            f"the agent spec is not a hex-encoded JSON spec ({exc.__class__.__name__})"
-        ) from None
+        raw = bytes.fromhex(text.strip())
+    except ValueError:
+        raise ValueError("the agent spec is not a hex-encoded JSON spec (bad hex)") from None
+    try:
+        return AgentSpec.model_validate_json(raw)
+    except ValidationError as exc:  # bad JSON, or a field out of bounds: name the field, never its value
+        first = exc.errors()[0]
+        rules = (first.get("ctx") or {}).get("rules") if first["type"] == "flodl" else None
+        where = format_path((*first["loc"], *(rules[0][0] if rules else ())))
+        raise ValueError(f"the agent spec is not a hex-encoded JSON spec ({where}: {first['msg']})") from None

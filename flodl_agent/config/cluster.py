@@ -17,6 +17,7 @@ from .fields import (
     IfName,
     Model,
     Name,
+    OsText,
     Port,
     Service,
     Share,
@@ -34,7 +35,7 @@ class Ssh(Model):
     target: Address | None = Field(None, description="ssh destination host (default: the worker's host)")
     port: Port | None = Field(None, description="sshd port (1-65535)")
     user: Name | None = Field(None, description="remote user name")
-    identity_file: str | None = Field(None, description="private key file")
+    identity_file: OsText | None = Field(None, description="private key file")
     options: list[SshOption] = Field(
         default_factory=list, description="extra `ssh -o` options as Name=value strings"
     )

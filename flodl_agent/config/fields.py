@@ -25,7 +25,7 @@ from pydantic import (
 
 from ..address import AddressError, check_host, split_address
 from ..credentials import valid_token
-from ..names import SERVICE_NAME, name_problem, shown
+from ..names import SERVICE_NAME, env_name_problem, name_problem, os_problem, shown
 from ..pin import normalize
 from ..sources.spec import SpecError, parse_data_source, parse_source
 from .devices import DEVICES_JSON_SCHEMA, DeviceOffer, dump_devices, parse_devices
@@ -64,6 +64,14 @@ def _named(what: str) -> Any:
     return check
 
 
+def _os_text(value: str) -> str:
+    # It reaches a process (argv, an environment, a path): a NUL would crash the spawn.
+    problem = os_problem(value)
+    if problem is not None:
+        raise fail(((), *problem))
+    return value
+
+
 def _service(value: str) -> str:
     if not SERVICE_NAME.match(value):
         raise fail(
@@ -85,12 +93,14 @@ def _address(value: str) -> str:
 
 
 def _abs_path(value: str) -> str:
+    _os_text(value)
     if not value.startswith("/"):
         raise fail(((), f"`{value}` is not an absolute path", "write the full path from /"))
     return value
 
 
 def _variant(value: str) -> str:
+    _os_text(value)
     parts = value.split("/")
     if not value or value.startswith("/") or ".." in parts or "" in parts:
         raise fail(
@@ -128,14 +138,14 @@ def _fingerprint(value: str) -> str:
         ) from None
 
 
-_IFNAME = re.compile(r"^[A-Za-z0-9_.@-]{1,15}$")
+_IFNAME = re.compile(r"[A-Za-z0-9_.@-]{1,15}")
 
 
 def _ifname(value: str) -> str:
     # NCCL's syntax: a comma list, optionally prefixed `^` (exclude) or `=` (exact).
     body = value[1:] if value[:1] in ("^", "=") else value
     items = body.split(",")
-    if not body or not all(_IFNAME.match(i) for i in items):
+    if not body or not all(_IFNAME.fullmatch(i) for i in items):
         raise fail(
             (
                 (),
@@ -158,29 +168,42 @@ def _coerce_env(value: Any) -> Any:
     return value
 
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _env_name(key: str) -> tuple[str, str] | None:
+    """Why ``key`` cannot be a rank's variable: none can carry it, or it is not a portable
+    name, or the agent owns it."""
+    problem = env_name_problem(key)
+    if problem is not None:
+        return problem
+    if not _ENV_KEY.fullmatch(key):
+        return f"`{shown(key)}` is not an environment variable name", "use letters, digits and _"
+    if key in VISIBILITY_MASKS:
+        return (
+            f"`{key}` is reserved: the agent scopes each rank to its own device",
+            "drop it; choose devices with local_devices (or join.devices / --devices)",
+        )
+    if key in RANK_IDENTITY:
+        return f"`{key}` is reserved: the agent sets it for every rank", "drop it"
+    if key.startswith(RESERVED_PREFIX):
+        return f"`{key}` is reserved for flodl's own plumbing", "drop it"
+    return None
 
 
 def _env(value: dict[str, str]) -> dict[str, str]:
     rules: list[Rule] = []
-    for key in value:
-        if not _ENV_KEY.match(key):
-            rules.append(
-                ((key,), f"`{key}` is not an environment variable name", "use letters, digits and _")
-            )
-        elif key in VISIBILITY_MASKS:
-            rules.append(
-                (
-                    (key,),
-                    f"`{key}` is reserved: the agent scopes each rank to its own device",
-                    "drop it; choose devices with local_devices (or join.devices / --devices)",
-                )
-            )
-        elif key in RANK_IDENTITY:
-            rules.append(((key,), f"`{key}` is reserved: the agent sets it for every rank", "drop it"))
-        elif key.startswith(RESERVED_PREFIX):
-            rules.append(((key,), f"`{key}` is reserved for flodl's own plumbing", "drop it"))
+    for key, text in value.items():
+        problem = _env_name(key) or os_problem(text)
+        if problem is not None:
+            rules.append(((key,), *problem))
     check(rules)
+    return value
+
+
+def _os_env(value: dict[str, str]) -> dict[str, str]:
+    # Only what no process can take (the names the agent owns are the schema's to refuse).
+    check([((k,), *p) for k, v in value.items() if (p := env_name_problem(k) or os_problem(v))])
     return value
 
 
@@ -197,6 +220,7 @@ def _share(value: float) -> float:
 
 
 def _ssh_option(value: str) -> str:
+    _os_text(value)
     if not re.match(r"^[A-Za-z][A-Za-z0-9]*(=|\s+)\S", value):
         raise fail(((), f"`{value}` is not an ssh option", "write Name=value, e.g. ProxyJump=bastion"))
     return value
@@ -220,7 +244,10 @@ def _libtorch(value: str) -> str:
 def _torch_sources(value: dict[str, str]) -> dict[str, str]:
     rules: list[Rule] = []
     for key, where in value.items():
-        if not TORCH_VARIANT.fullmatch(key):
+        problem = os_problem(where)
+        if problem is not None:
+            rules.append(((key,), *problem))
+        elif not TORCH_VARIANT.fullmatch(key):
             rules.append(
                 (
                     (key,),
@@ -243,6 +270,7 @@ def _torch_sources(value: dict[str, str]) -> dict[str, str]:
 
 def _spec(parse: Any) -> Any:
     def check(value: str) -> str:
+        _os_text(value)  # the spec's parts reach rsync, git and sshfs as arguments
         try:
             parse(value)
         except SpecError as exc:
@@ -271,6 +299,7 @@ def _split_command(value: Any) -> Any:
 def _command_line(value: list[str]) -> list[str]:
     if not value:
         raise fail(((), "is empty", "give the entry point and its arguments, e.g. python train.py"))
+    check([((i,), *p) for i, p in enumerate(map(os_problem, value)) if p is not None])
     return value
 
 
@@ -282,6 +311,7 @@ def _controller_address(value: str) -> str:
     return value
 
 
+OsText = Annotated[str, AfterValidator(_os_text)]  # an argument, an environment value, a path
 HostName = Annotated[str, AfterValidator(_named("host name"))]
 Name = Annotated[str, AfterValidator(_named("name"))]
 Service = Annotated[str, AfterValidator(_service)]
@@ -295,6 +325,7 @@ HostKey = Annotated[str, AfterValidator(_hex_key(HOST_KEY_FIX))]
 Fingerprint = Annotated[str, AfterValidator(_fingerprint)]
 IfName = Annotated[str, AfterValidator(_ifname)]
 Env = Annotated[dict[str, str], BeforeValidator(_coerce_env), AfterValidator(_env)]
+OsEnv = Annotated[dict[str, str], AfterValidator(_os_env)]  # a launcher's spec: passable, no more
 Share = Annotated[float, AfterValidator(_share)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 # A year: past that a clock's float overflows somewhere (asyncio, threading), and no

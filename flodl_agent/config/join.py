@@ -17,6 +17,7 @@ from .fields import (
     IfName,
     Libtorch,
     Model,
+    OsText,
     Service,
     Share,
     SourceSpecText,
@@ -31,9 +32,9 @@ class Source(Model):
     """join.source: fetch a tree and build the entry point on this box."""
 
     from_: SourceSpecText = Field(alias="from", description="source spec (file://, rsync://, git+…#ref)")
-    cwd: str | None = Field(None, description="project dir inside the tree; governs build and run")
-    build: str | None = Field(None, description="shell line that builds the entry point")
-    bin: str | None = Field(None, description="entry point, relative to cwd")
+    cwd: OsText | None = Field(None, description="project dir inside the tree; governs build and run")
+    build: OsText | None = Field(None, description="shell line that builds the entry point")
+    bin: OsText | None = Field(None, description="entry point, relative to cwd")
 
 
 class Join(Model):
@@ -49,10 +50,10 @@ class Join(Model):
     ssh: Ssh | None = Field(None, description="dial through this sshd with a local forward")
     host: HostName | None = Field(None, description="this box's name in the roster (default: hostname)")
     devices: Devices | None = Field(None, description="devices offered (default: every GPU)")
-    bin: str | None = Field(
+    bin: OsText | None = Field(
         None, description="this box's own entry point: with args, its ranks' command (not the launch's)"
     )
-    args: list[str] = Field(
+    args: list[OsText] = Field(
         default_factory=list, description="arguments for bin (or source's entry), verbatim"
     )
     persist: bool = Field(False, description="re-dial with backoff whenever the agent exits")

@@ -26,6 +26,7 @@ from .fields import (
     CommandLine,
     CommandName,
     Model,
+    OsText,
     SourceSpecText,
 )
 from .join import Join, Source
@@ -56,12 +57,12 @@ class Publish(Model):
     """The publish block of fdl.yml: the defaults of every `fdl publish` flag."""
 
     source: SourceSpecText | None = Field(None, description="source spec to publish")
-    bin: str | None = Field(None, description="entry point, relative to cwd")
-    cwd: str | None = Field(None, description="project dir inside the tree")
-    build: str | None = Field(None, description="build line run once as the gate")
-    to: str | None = Field(None, description="served directory (default ~/.flodl/run)")
-    identity: str | None = Field(None, description="ssh key for rsync:// and git+ssh:// sources")
-    args: list[str] = Field(default_factory=list, description="arguments every rank gets")
+    bin: OsText | None = Field(None, description="entry point, relative to cwd")
+    cwd: OsText | None = Field(None, description="project dir inside the tree")
+    build: OsText | None = Field(None, description="build line run once as the gate")
+    to: OsText | None = Field(None, description="served directory (default ~/.flodl/run)")
+    identity: OsText | None = Field(None, description="ssh key for rsync:// and git+ssh:// sources")
+    args: list[OsText] = Field(default_factory=list, description="arguments every rank gets")
     model_probe: bool = Field(False, description="probe the entry's model at publish and on every box")
 
 

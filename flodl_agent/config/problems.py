@@ -27,7 +27,8 @@ def format_path(loc: Loc) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            key = shown(part)  # a key is the file's text: escaped, and a huge one cut
+            # A key is the file's text: escaped, a huge one cut, an empty one quoted (`env.""`).
+            key = shown(part) if part else '""'
             out += f".{key}" if out else key
     return out or "<document>"
 

@@ -8,6 +8,8 @@ and converted here, recording the line of every key and item.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,19 +201,98 @@ def parse_yaml(text: str, name: str) -> Document:
             loader.dispose()
 
 
+class NotRegular(Exception):
+    """A file read whole that is no regular file: a FIFO waits for a writer, /dev/zero never
+    ends, a kernel file (/proc/kmsg) waits for data. ``kind`` says which it is."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"not a regular file ({kind})")
+        self.kind = kind
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_kind(mode: int) -> str | None:
+    """What a file that is not regular is, by its mode; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "no plain file")
+
+
+KERNEL_ROOTS = ("proc", "sys")  # where the kernel makes files up as they are read
+
+
+def path_kind(path: Path) -> str | None:
+    """What ``path`` is when it is no regular file (it follows links); None for a regular file.
+    A file under /proc or /sys is a kernel file: it may wait for data (/proc/kmsg) or never end.
+    OSError when nothing is there."""
+    kind = file_kind(path.stat().st_mode)
+    if kind is None and path.resolve().parts[1:2] in [(root,) for root in KERNEL_ROOTS]:
+        return "a kernel file"
+    return kind
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of a regular file (the one more says it is too large): anything
+    else is :class:`NotRegular`, found before a byte is read and without waiting. A device or
+    a /proc file is never opened (an open can act: a tape rewinds); the open does not block (a
+    FIFO), fstat checks what was opened, and a read that would wait refuses (debugfs and kin)."""
+    kind = path_kind(path)
+    if kind is not None:
+        raise NotRegular(kind)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        kind = file_kind(info.st_mode)  # replaced since the stat
+        if kind is not None:
+            raise NotRegular(kind)
+        return _read_fd(fd, limit + 1, sized=info.st_size > 0)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, wanted: int, sized: bool) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
+    while got < wanted:
+        try:  # a file of size 0 is asked for one byte: /proc/kmsg hands out what it reads once
+            chunk = os.read(fd, min(wanted - got, 1 << 20) if sized else 1)
+        except BlockingIOError:
+            raise NotRegular("a kernel file that waits for data") from None
+        if not chunk:
+            break
+        if not sized:  # a file of size 0 with bytes in it: /proc and /sys make them up as read
+            raise NotRegular("a kernel file, its size unknown")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+NOT_REGULAR_FIX = (
+    "name the YAML file itself: fdl reads a config file whole, never a FIFO, device or directory"
+)
+
+
 def read_yaml(path: Path) -> Document:
     name = str(path)
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_BYTES + 1)  # never slurp a huge file to refuse it
+        raw = read_bounded(path, MAX_BYTES)  # never slurp a huge file to refuse it
     except FileNotFoundError:
         raise ConfigError([Problem((), "no such file", "check the path", file=name)]) from None
-    except IsADirectoryError:
-        raise ConfigError(
-            [Problem((), "is a directory, not a file", "name the YAML file", file=name)]
-        ) from None
+    except NotRegular as exc:
+        message = "is a directory, not a file" if exc.kind == "a directory" else str(exc)
+        raise ConfigError([Problem((), message, NOT_REGULAR_FIX, file=name)]) from None
     except OSError as exc:
         raise ConfigError([Problem((), f"cannot read: {exc.strerror}", None, file=name)]) from None
+    except ValueError:  # a path with a NUL in it (from a config value: argv cannot hold one)
+        raise ConfigError([Problem((), "cannot read: the path holds a NUL", None, file=name)]) from None
     if len(raw) > MAX_BYTES:
         raise _too_large(name)
     try:

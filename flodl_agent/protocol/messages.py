@@ -14,7 +14,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from ..config.devices import MAX_DEVICES
-from ..names import name_problem, unprintable
+from ..names import SERVICE_NAME, env_name_problem, name_problem, os_problem, unprintable
+from ..names import shown as escaped
 from .wire import Frame, Kind
 
 
@@ -35,6 +36,29 @@ def _host_name(name: str) -> str:
     return name
 
 
+def _passable(text: str) -> str:
+    # What a controller says to run reaches exec and the ranks' environment: a NUL there
+    # would crash the spawn instead of refusing the message.
+    problem = os_problem(text)
+    if problem is not None:
+        raise PydanticCustomError("os_text", "{message}", {"message": problem[0]})
+    return text
+
+
+def _env_name(name: str) -> str:
+    problem = env_name_problem(name)
+    if problem is not None:
+        raise PydanticCustomError("env_name", "{message}", {"message": problem[0]})
+    return name
+
+
+def _service(name: str) -> str:
+    # "": the cluster file names none; else compose's rule, as the schema's (never an option).
+    if name and not SERVICE_NAME.match(name):
+        raise PydanticCustomError("service", "is not a compose service name", {})
+    return name
+
+
 # Peer-supplied text reaches operators' terminals and logs: nothing a terminal acts on
 # (names.printable's rule: no C0/C1 control, DEL, line separator, bidi or format character).
 Short = Annotated[str, Field(max_length=256), AfterValidator(_printable)]
@@ -43,6 +67,8 @@ Sig = Annotated[str, Field(max_length=128, pattern=r"^[0-9a-f]*$")]
 Plane = Literal["nccl", "cpu"]
 COMMAND_SHOWN = 1024  # characters of a walk-in's own command that its hello shows the controller
 Shown = Annotated[str, Field(max_length=COMMAND_SHOWN), AfterValidator(_printable)]
+Arg = Annotated[str, AfterValidator(_passable)]  # an argument or environment value for a rank
+EnvName = Annotated[str, AfterValidator(_env_name)]
 
 
 class Msg(BaseModel):
@@ -130,7 +156,9 @@ class HostEnvelope(Msg):
     host: str
     first_rank: int
     count: int
-    docker: Short = ""  # the compose service this host's ranks run in (cluster.workers[].docker)
+    docker: Annotated[Short, AfterValidator(_service)] = (
+        ""  # the compose service this host's ranks run in (cluster.workers[].docker)
+    )
     gpu_ram_share: float | None = Field(None, gt=0, allow_inf_nan=False)  # the worker's, else the cluster's
 
 
@@ -142,8 +170,9 @@ class WorldFormed(Msg):
     host: HostEnvelope
     group: int  # this host's index among the hosts (GROUP_RANK)
     hosts: int  # how many hosts the world spans (GROUP_WORLD_SIZE)
-    command: list[str]  # the launch's command: a published manifest or a walk-in's own command wins
-    env: dict[str, str] = Field(default_factory=dict)
+    # The launch's command: a published manifest or a walk-in's own command wins.
+    command: list[Arg] = Field(min_length=1)
+    env: dict[EnvName, Arg] = Field(default_factory=dict)
     launch: Short = ""  # the launch's label (TORCHELASTIC_RUN_ID); not the published run's identity
 
 
@@ -242,5 +271,6 @@ def parse(frame: Frame) -> Msg | None:
         return model.model_validate(frame.body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        # The path names the peer's own keys (an env name): escaped, never a terminal's.
+        where = ".".join(escaped(str(p)) for p in first["loc"] if p != "[key]")
         raise BadMessage(f"{frame.kind.name.lower()}: {where}: {first['msg']}") from None

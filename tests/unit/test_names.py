@@ -6,7 +6,16 @@ import pytest
 from pydantic import ValidationError
 
 from flodl_agent.address import AddressError, check_host, split_address
-from flodl_agent.names import HOST_NAME_MAX, name_problem, printable, printable_lines, shown
+from flodl_agent.names import (
+    HOST_NAME_MAX,
+    SERVICE_NAME,
+    env_name_problem,
+    name_problem,
+    os_problem,
+    printable,
+    printable_lines,
+    shown,
+)
 from flodl_agent.protocol.messages import Hello
 
 # Every code point that rewrites what a terminal shows: C0, DEL, C1 (CSI among them), the line
@@ -160,3 +169,38 @@ def test_bare_hosts_that_are_refused(text: str, fragment: str) -> None:
     with pytest.raises(AddressError) as caught:
         check_host(text)
     assert fragment in caught.value.message and len(caught.value.message) < 300
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("a\x00b", "NUL byte"), ("\ud800", "\\ud800, a lone surrogate"), ("ok\udfff", "\\udfff")],
+)
+def test_text_no_process_can_be_passed_is_named(text: str, fragment: str) -> None:
+    problem = os_problem(text)
+    assert problem is not None and fragment in problem[0] and problem[1]
+
+
+@pytest.mark.parametrize("text", ["", "x y", "a=b", "two\nlines\t", "\x1b[0m", "日本😀"])
+def test_text_the_os_can_pass_is_left_alone(text: str) -> None:
+    # Controls and `=` are any value's own business: only what exec cannot take is refused.
+    assert os_problem(text) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("", "is empty"),
+        ("A=B", "holds `=`"),
+        ("=", "holds `=`"),
+        ("A\x00", "NUL byte"),
+        ("\ud800", "surrogate"),
+    ],
+)
+def test_env_names_no_environment_can_hold(name: str, fragment: str) -> None:
+    problem = env_name_problem(name)
+    assert problem is not None and fragment in problem[0]
+    assert env_name_problem("NCCL_DEBUG") is None
+
+
+def test_a_service_name_is_the_whole_text() -> None:
+    assert SERVICE_NAME.match("svc-1") and not SERVICE_NAME.match("svc\n")

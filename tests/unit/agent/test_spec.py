@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -99,3 +101,20 @@ def test_a_workers_docker_travels_in_the_spec() -> None:
 def test_a_libtorch_that_is_not_a_variant_sub_path_is_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="agent spec"):
         decode(AgentSpec().model_dump_json().replace("}", f', "libtorch": "{bad}"}}').encode().hex())
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"env": {"A": "x\u0000y"}}, "env.A"),
+        ({"env": {"A=B": "x"}}, "env.A=B"),
+        ({"data_path": "/d\u0000"}, "data_path"),
+        ({"socket_ifname": "eth0\u0000"}, "socket_ifname"),
+    ],
+)
+def test_a_spec_no_process_could_be_started_from_is_refused_by_field(
+    fields: dict[str, object], where: str
+) -> None:
+    with pytest.raises(ValueError, match="agent spec") as caught:
+        decode(json.dumps(fields).encode().hex())
+    assert f"({where}: " in str(caught.value)

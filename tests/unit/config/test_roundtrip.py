@@ -19,7 +19,10 @@ paths = st.from_regex(r"/[a-z0-9_]{1,8}(/[a-z0-9_.-]{1,8}){0,3}", fullmatch=True
 env_keys = st.from_regex(r"[A-Z_][A-Z0-9_]{0,12}", fullmatch=True).filter(
     lambda k: k not in VISIBILITY_MASKS and k not in RANK_IDENTITY and not k.startswith(RESERVED_PREFIX)
 )
-env = st.dictionaries(env_keys, st.text(max_size=20), max_size=3)
+# Text a process can be passed (names.os_problem): anything UTF-8 writes (no lone surrogate)
+# but NUL.
+passable = st.characters(codec="utf-8", exclude_characters="\x00")
+env = st.dictionaries(env_keys, st.text(passable, max_size=20), max_size=3)
 devices = st.one_of(
     st.just("all"),
     st.integers(1, 64).map(lambda n: f"cpu:{n}"),
@@ -135,12 +138,12 @@ join_blocks = st.fixed_dictionaries(
         "controller": st.sampled_from(["10.0.0.1:1337", "ctrl", "[fd00::1]:7"]),
         "host": names,
         "devices": devices,
-        "args": st.lists(st.text(max_size=10), max_size=4),
+        "args": st.lists(st.text(passable, max_size=10), max_size=4),
         "persist": st.booleans(),
         "libtorch": st.sampled_from(["auto", "cpu", "cu128", "rocm6.4"]),
         "source": st.fixed_dictionaries(
             {"from": st.sampled_from(["file:///t", "rsync://h:/tree", "git+https://h/o/r#v1"])},
-            optional={"cwd": names, "build": st.text(max_size=20), "bin": names},
+            optional={"cwd": names, "build": st.text(passable, max_size=20), "bin": names},
         ),
         "env": env,
     },
@@ -151,7 +154,7 @@ join_blocks = st.fixed_dictionaries(
 @given(
     clusters(),
     st.one_of(st.none(), join_blocks),
-    st.dictionaries(names, st.lists(st.text(max_size=12), min_size=1, max_size=4), max_size=3),
+    st.dictionaries(names, st.lists(st.text(passable, max_size=12), min_size=1, max_size=4), max_size=3),
 )
 def test_valid_models_round_trip_through_yaml_and_json(
     data: dict[str, Any], join: dict[str, Any] | None, commands: dict[str, list[str]]

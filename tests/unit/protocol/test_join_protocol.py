@@ -26,7 +26,7 @@ from flodl_agent.protocol.join_protocol import (
     WrongKey,
     wrong_key,
 )
-from flodl_agent.protocol.messages import Average, Heartbeat, RankExited, Stream
+from flodl_agent.protocol.messages import Average, BadMessage, Heartbeat, RankExited, Stream
 
 TOKEN = bytes.fromhex("00112233445566778899aabbccddeeff")
 SALT = bytes(range(16))
@@ -113,6 +113,15 @@ def test_a_world_behind_the_accept_in_one_read_is_decoded_under_the_new_key() ->
     both = server.accept(0, 2) + b"".join(server.send(wire.Kind.WORLD_FORMED, world()))
     accepted, formed = events(client, both)
     assert isinstance(accepted, Accepted) and isinstance(formed, Formed)
+
+
+def test_a_world_with_a_nul_in_its_env_is_a_bad_message_at_the_walk_in() -> None:
+    # It authenticates, so only its shape is wrong: the agent's "malformed message" path
+    # (a transient failure), never a crash when the ranks spawn.
+    server, client = admitted(open_server(), JoinClient(None))
+    bad = b"".join(server.send(wire.Kind.WORLD_FORMED, {**world(), "env": {"A": "x\x00y"}}))
+    with pytest.raises(BadMessage, match=r"world_formed: env\.A: holds a NUL byte"):
+        events(client, bad)
 
 
 def test_link_messages_carry_bulk_bytes_and_heartbeats() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flodl_agent.protocol import wire
-from flodl_agent.protocol.messages import BadMessage, Heartbeat, parse
+from flodl_agent.protocol.messages import BadMessage, Heartbeat, WorldFormed, parse
 
 
 def test_heartbeats_are_bounded_and_typed() -> None:
@@ -16,3 +16,35 @@ def test_heartbeats_are_bounded_and_typed() -> None:
         parse(wire.Frame(wire.Kind.HEARTBEAT, {"ranks": {"0": {"step": -1}}}))
     with pytest.raises(BadMessage):
         parse(wire.Frame(wire.Kind.HEARTBEAT, {"ranks": {str(r): {"step": 0} for r in range(2000)}}))
+
+
+WORLD = {"world_size": 1, "host": {"host": "a", "first_rank": 0, "count": 1}, "group": 0, "hosts": 1}
+
+
+@pytest.mark.parametrize(
+    ("fields", "where", "fragment"),
+    [
+        ({"command": ["x"], "env": {"A": "x\x00y"}}, "env.A", "NUL byte"),
+        ({"command": ["x"], "env": {"A": "\ud800"}}, "env.A", "lone surrogate"),
+        ({"command": ["x"], "env": {"A\x00": "x"}}, "env.A\\x00", "NUL byte"),
+        ({"command": ["x"], "env": {"A=B": "x"}}, "env.A=B", "holds `=`"),
+        ({"command": ["x"], "env": {"": "x"}}, "env.", "name is empty"),
+        ({"command": ["python", "a\x00"]}, "command.1", "NUL byte"),
+        ({"command": []}, "command", "at least 1"),
+        ({"command": ["x"], "host": {**WORLD["host"], "docker": "-x"}}, "host.docker", "compose service"),
+    ],
+)
+def test_a_world_no_process_could_be_started_from_is_a_bad_message_naming_the_field(
+    fields: dict[str, object], where: str, fragment: str
+) -> None:
+    # What a controller says to run reaches exec and the ranks' environment: refused as a
+    # malformed message (a transient failure at the agent), not a crash at spawn.
+    with pytest.raises(BadMessage) as caught:
+        parse(wire.Frame(wire.Kind.WORLD_FORMED, {**WORLD, **fields}))
+    assert str(caught.value).startswith(f"world_formed: {where}: ") and fragment in str(caught.value)
+
+
+def test_a_world_with_passable_text_parses() -> None:
+    body = {**WORLD, "command": ["python", "-c", "print('a=b')"], "env": {"A": "x=y\nz", "B": ""}}
+    world = parse(wire.Frame(wire.Kind.WORLD_FORMED, body))
+    assert isinstance(world, WorldFormed) and world.env == {"A": "x=y\nz", "B": ""}
