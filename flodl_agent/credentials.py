@@ -16,6 +16,9 @@ from collections.abc import Mapping
 TOKEN_HEX = 32  # characters: 16 random bytes
 TOKEN_PATTERN = f"[0-9a-fA-F]{{{TOKEN_HEX}}}"
 TOKEN_RE = re.compile(TOKEN_PATTERN)
+# What `--token -` reads at most: a token, its newline and some blanks. stdin may be
+# /dev/zero or a pipe that never ends; a longer line is refused, never buffered whole.
+TOKEN_LINE_MAX = 256
 # A fan-out key is the token, or a 32-byte salt/key derived for one launch (64 hex).
 SPEC_KEY_PATTERN = f"^([0-9a-f]{{{TOKEN_HEX}}}|[0-9a-f]{{{2 * TOKEN_HEX}}})$"
 
@@ -57,6 +60,25 @@ def token_from(option: str | None, stdin_line: str | None, env: Mapping[str, str
 
 
 def read_token(option: str | None) -> str | None:
-    """The IO shell of ``token_from``: stdin is read only for ``--token -``."""
-    line = sys.stdin.readline() if option == "-" else None
+    """The IO shell of ``token_from``: stdin is read only for ``--token -``, one bounded line."""
+    line = stdin_line(TOKEN_LINE_MAX, "--token -") if option == "-" else None
     return token_from(option, line, os.environ)
+
+
+def stdin_line(limit: int, flag: str) -> str:
+    """One line of stdin, at most ``limit`` characters (a closed stdin reads as empty): a longer
+    line, or a stdin that cannot be read (a directory, bytes that are not text), is a
+    ``CredentialError`` naming ``flag``."""
+    if sys.stdin is None:  # fd 0 closed (`<&-`): nothing to read
+        return ""
+    try:
+        line = sys.stdin.readline(limit + 1)
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else f"it is not {sys.stdin.encoding} text"
+        raise CredentialError(f"{flag} cannot read stdin: {why}; pipe in one line of text") from None
+    if len(line) > limit:
+        raise CredentialError(
+            f"{flag} read a line longer than {limit} characters from stdin: pipe in the one "
+            "line it takes, not a stream"
+        )
+    return line

@@ -14,7 +14,7 @@ from ..address import join_address, local_address
 from ..fleet.launcher import LaunchOptions
 from ..names import name_problem, shown
 from ..protocol.messages import Plane
-from .common import fail, load, project_file
+from .common import fail, load, present, project_file
 from .launch import launch_loaded
 from .probe import probe_cluster
 from .status import start, status
@@ -51,11 +51,8 @@ def at_cluster(
     if problem is not None:
         fail(f"@{shown(name)}", *problem)
     overlay = Path(f"fdl.{name}.yml")
-    try:
-        present = overlay.is_file()
-    except OSError:  # a name the file system cannot hold (too long for one path component)
-        present = False
-    if not present:
+    # Anything there is loaded (a FIFO is refused by name); a name too long to hold is not there.
+    if present(overlay) is None:
         fail(f"@{name}", f"no {overlay} here", f"run from the project directory, or create {overlay}")
     loaded = load(overlay, project_file(), False)
     cluster = loaded.config.cluster

@@ -3,6 +3,7 @@ loading a config file, JSON output, and the shared flags."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -15,8 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..config import ConfigError, Loaded, Problem, load_config
+from ..config.source import path_kind
 from ..credentials import read_token
-from ..names import printable_lines
+from ..names import printable_lines, shown
 from .options import OptionError
 
 PROJECT_FILE = Path("fdl.yml")
@@ -26,36 +28,56 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class PipeSafe:
-    """A standard stream whose reader may leave first (`fdl status | head -1`): that is not a
-    failure. The first write that meets the closed pipe points the stream's descriptor at
-    /dev/null (later writes, and the interpreter's last flush, go nowhere), sets ``gone``, and
-    the command goes on to end with its own exit code, never a traceback or click's 1."""
+STREAMS = {"stdout": "standard output", "stderr": "standard error"}
 
-    def __init__(self, stream: TextIO) -> None:
+
+class PipeSafe:
+    """A standard stream that may stop taking writes: its reader left (`fdl status | head -1`),
+    or its disk is full or failing (`> /dev/full`). The first write or flush that fails points
+    the stream's descriptor at /dev/null (later writes, and the interpreter's last flush, go
+    nowhere) and sets ``gone``; a failure other than a closed pipe is also kept in ``failed``
+    and said once on stderr. The command goes on: a running agent keeps training, and the
+    exit code is the command's own (``finish`` makes a success 1 after a failed write)."""
+
+    def __init__(self, stream: TextIO, name: str = "stdout") -> None:
         self.stream = stream
+        self.name = name
         self.gone = False
+        self.failed: OSError | None = None
 
     def write(self, text: str) -> int:
         try:
             return self.stream.write(text)
-        except BrokenPipeError:
-            self._lost()
+        except OSError as exc:
+            self._lost(exc)
             return len(text)
 
     def flush(self) -> None:
         try:
             self.stream.flush()
-        except BrokenPipeError:
-            self._lost()
+        except OSError as exc:
+            self._lost(exc)
 
-    def _lost(self) -> None:
+    def _lost(self, exc: OSError) -> None:
+        if self.gone:
+            return
         self.gone = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, self.stream.fileno())
-        finally:
-            os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):  # no descriptor to repoint: writes stay caught
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self.stream.fileno())
+            finally:
+                os.close(devnull)
+        if isinstance(exc, BrokenPipeError):
+            return  # the reader left: no failure
+        self.failed = exc
+        if self.name != "stderr" and sys.stderr is not None:  # stderr cannot say that stderr failed
+            why = exc.strerror or type(exc).__name__
+            print(
+                f"fdl: cannot write to {STREAMS[self.name]}: {why}; the rest of it is dropped "
+                "(free space where it goes, or redirect it)",
+                file=sys.stderr,
+            )
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer: the stream's
         return getattr(self.stream, name)
@@ -64,15 +86,35 @@ class PipeSafe:
 def pipe_safe_streams() -> None:
     """Wrap sys.stdout and sys.stderr (the entry point does, once): rich, click.echo and the
     agent's rank lines all write through them."""
-    for name in ("stdout", "stderr"):
+    for name in STREAMS:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, PipeSafe):
-            setattr(sys, name, cast(TextIO, PipeSafe(stream)))
+            setattr(sys, name, cast(TextIO, PipeSafe(stream, name)))
 
 
 def stdout_gone() -> bool:
     """Whether stdout's reader has left: a command that only refreshes output can stop."""
     return isinstance(sys.stdout, PipeSafe) and sys.stdout.gone
+
+
+class RunExit(SystemExit):
+    """The exit code of a run (a launch's verdict, a walk-in's clean/transient/permanent):
+    a failed write to stdout or stderr never changes it."""
+
+
+def finish(exc: SystemExit) -> int | str | None:
+    """The process's exit code for a command that ended with ``exc``: every stream flushed
+    first (a write that fails now is said, not "Exception ignored" at exit), then a success
+    whose output could not be written is 1."""
+    for name in STREAMS:
+        stream = getattr(sys, name)
+        if stream is not None:
+            with contextlib.suppress(ValueError):  # closed by whoever held it: nothing to flush
+                stream.flush()
+    failed = any(isinstance(s, PipeSafe) and s.failed is not None for s in (sys.stdout, sys.stderr))
+    if failed and not isinstance(exc, RunExit) and exc.code in (0, None):
+        return 1
+    return exc.code
 
 
 def print_problems(problems: list[Problem]) -> None:
@@ -101,7 +143,33 @@ def project_file(explicit: Path | None = None) -> Path | None:
     """``--config`` when given, else ./fdl.yml when there is one: the project's defaults."""
     if explicit is not None:
         return explicit
-    return PROJECT_FILE if PROJECT_FILE.is_file() else None
+    return present(PROJECT_FILE)
+
+
+def present(path: Path) -> Path | None:
+    """``path`` when anything is there: a FIFO, a directory or a dangling link is refused by
+    the load, by name, never taken for no file at all."""
+    return path if os.path.lexists(path) else None
+
+
+class FilePath(click.Path):
+    """A path flag or argument held to its kind before anything opens it (and waits): a file
+    (dir_okay=False) that is there must be a regular one, not a FIFO, a device or a /proc
+    file; a directory (file_okay=False) must be a directory; either, one of the two."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        try:
+            kind = path_kind(Path(os.fsdecode(path)))
+        except (OSError, ValueError):
+            return path  # missing or unreachable: the command says so as it always has
+        wanted = (
+            {None} if not self.dir_okay else {"a directory"} if not self.file_okay else {None, "a directory"}
+        )
+        if kind not in wanted:
+            what = "a regular file" if None in wanted else "a directory"
+            self.fail(f"{shown(os.fsdecode(path))} is not {what} ({kind or 'a file'}): name one", param, ctx)
+        return path
 
 
 def log(line: str) -> None:

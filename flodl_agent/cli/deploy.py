@@ -8,22 +8,20 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from .common import emit_json, err, json_opt, out
+from .common import FilePath, emit_json, err, fail, json_opt, out
 
 DEPLOY_STYLE = {"changed": "yellow", "failed": "red bold", "unreachable": "red bold", "ok": "green"}
 
 
 @click.command()
-@click.argument("playbook", type=click.Path(path_type=Path, dir_okay=False), default="site.yml")
-@click.option(
-    "-i", "--inventory", type=click.Path(path_type=Path), help="Inventory (default: ansible.cfg's)."
-)
+@click.argument("playbook", type=FilePath(path_type=Path, dir_okay=False), default="site.yml")
+@click.option("-i", "--inventory", type=FilePath(path_type=Path), help="Inventory (default: ansible.cfg's).")
 @click.option("-l", "--limit", help="Only these hosts or groups (ansible's --limit pattern).")
 @click.option("-e", "--extra", "extras", multiple=True, metavar="KEY=VALUE", help="An extra variable.")
 @click.option("--check", is_flag=True, help="Dry run: report what would change (--check --diff).")
 @click.option(
     "--artifacts",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=FilePath(path_type=Path, file_okay=False),
     help="Where each run's artifacts go (default: build/deploy in the project).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Only the summary: no per-host progress lines.")
@@ -74,6 +72,12 @@ def deploy(
     except DeployError as exc:
         err.print(f"fdl deploy: {exc.render()}", style="red", markup=False)
         raise SystemExit(2) from None
+    except OSError as exc:  # the artifacts directory (beside the playbook by default) cannot be made
+        fail(
+            "deploy",
+            f"cannot write {exc.filename or 'the artifacts'}: {exc.strerror}",
+            "pass --artifacts DIR, a directory this user can write",
+        )
     if as_json:
         emit_json(result.as_json())
         raise SystemExit(result.rc)

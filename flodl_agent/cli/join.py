@@ -19,15 +19,36 @@ from ..agent.agent import join as run_join
 from ..agent.options import AgentOptions
 from ..agent.spec import AgentSpec, decode
 from ..config import Join
+from ..config.source import MAX_BYTES
+from ..credentials import CredentialError, stdin_line
 from ..hardware.libtorch import reexec, settle
 from ..retry import AgentFailure
-from .common import TailCommand, err, fail, load, log, option_error, project_file, token_or_exit
+from .common import (
+    FilePath,
+    RunExit,
+    TailCommand,
+    err,
+    fail,
+    load,
+    log,
+    option_error,
+    project_file,
+    token_or_exit,
+)
 from .options import JoinFlags, OptionError, resolve_join, resolve_libtorch
+
+# A spec is a worker entry of a cluster file (at most MAX_BYTES) and a key, hex-encoded.
+SPEC_LINE_MAX = 2 * MAX_BYTES + 256
 
 
 def read_spec(from_stdin: bool, command: str = "join") -> AgentSpec:
-    """The launcher's spec: the fan-out session's stdin, else FLODL_INTERNAL_AGENT_JSON."""
-    raw = sys.stdin.readline() if from_stdin else os.environ.get("FLODL_INTERNAL_AGENT_JSON", "")
+    """The launcher's spec: the fan-out session's stdin (one bounded line), else
+    FLODL_INTERNAL_AGENT_JSON."""
+    try:
+        raw = stdin_line(SPEC_LINE_MAX, "--spec-stdin") if from_stdin else None
+    except CredentialError as exc:
+        fail(command, str(exc))
+    raw = raw if raw is not None else os.environ.get("FLODL_INTERNAL_AGENT_JSON", "")
     if not raw.strip():
         if from_stdin:
             fail(command, "--spec-stdin got no spec on stdin")
@@ -90,7 +111,7 @@ class _JoinCommand(TailCommand):
 @click.option(
     "--ssh", "ssh_dest", metavar="[USER@]HOST[:PORT]", help="Dial through an ssh -L forward (CPU plane only)."
 )
-@click.option("--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
+@click.option("--identity", type=FilePath(path_type=Path, dir_okay=False), help="ssh key for --ssh.")
 @click.option(
     "--tls-fingerprint",
     "pin",
@@ -155,7 +176,8 @@ def join_cmd(
     carry an NCCL mesh, and an NCCL window refuses the box.
 
     Every flag defaults from the join: block of fdl.yml. Exit 0 clean, 1
-    transient (re-dial), 2 permanent.
+    transient (re-dial), 2 permanent. SIGINT, SIGTERM and SIGHUP end the ranks
+    (exit 1); SIGUSR1 cuts a backoff short.
     """
     # A launcher's spec is the whole story: a stray ./fdl.yml on the worker must not reroute it.
     block = Join() if spec_stdin else join_block(config_file)
@@ -208,7 +230,8 @@ def join_cmd(
             (spinner.start if waiting else spinner.stop)()
 
     async def main() -> int:
-        # SIGTERM (systemd stop, a launcher's orphan clean-up) must end the ranks too:
+        # SIGTERM (systemd stop, a launcher's orphan clean-up) and SIGHUP (its ssh session
+        # gone) must end the ranks too, as Ctrl-C does (asyncio.run cancels on it):
         # cancelling unwinds through the attempt's clean-up, which kills them.
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
@@ -223,4 +246,4 @@ def join_cmd(
             log("stopped by a signal; ranks ended")
             return 1
 
-    raise SystemExit(asyncio.run(main()))
+    raise RunExit(asyncio.run(main()))  # a failed write to stdout (rank lines) changes no code

@@ -18,7 +18,7 @@ from ..fleet.launcher import LaunchError, LaunchOptions
 from ..fleet.launcher import launch as run_launch
 from ..observe.status import one_line
 from ..protocol.messages import Plane
-from .common import base_opt, err, load, log, print_problems
+from .common import RunExit, base_opt, err, load, log, print_problems
 
 
 async def _live_roster(controller: Controller) -> None:
@@ -135,8 +135,9 @@ def launch(
     and sent to every agent: what a walk-in's ranks run unless it brings its own
     (fdl join --bin PATH -- ARGS) or fetched a published run, whose manifest wins.
     The log names what each host runs. Exit 0 when the run is done, 1 when it failed,
-    130 (143) when the operator stopped it with Ctrl-C (SIGTERM): every agent
-    is told the operator stopped the launch.
+    130 (143, 129) when the operator stopped it with Ctrl-C (SIGTERM, SIGHUP: a
+    dropped ssh session): every agent is told the operator stopped the launch.
+    Output that cannot be written (a full disk) is dropped, never the run's code.
     Watched (a status page, fdl status --watch), the port serves the final phase
     a few seconds after the verdict; as it closes, the run's report is kept in
     ~/.flodl/controller/verdict-PORT.json, where fdl status finds it.
@@ -179,5 +180,5 @@ def launch_loaded(
         raise SystemExit(1) from None
     except KeyboardInterrupt:  # a second Ctrl-C while the first one's stop was under way
         err.print("fdl launch: interrupted again: stopped at once", style="red", markup=False)
-        raise SystemExit(130) from None
-    raise SystemExit(code)
+        raise RunExit(130) from None
+    raise RunExit(code)

@@ -11,7 +11,7 @@ from typing import NoReturn
 import click
 
 from .. import __version__
-from .common import err, pipe_safe_streams
+from .common import err, finish, pipe_safe_streams
 
 # Each command's module, imported when the command runs (or a help lists it): `fdl status`
 # need not load the controller, the agent and their libraries (a second a run, otherwise).
@@ -117,5 +117,7 @@ def main() -> None:
     pipe_safe_streams()  # a reader that leaves early (`fdl status | head -1`) is no failure
     try:
         cli.main(args=args, prog_name="fdl")
+    except SystemExit as exc:  # click's standalone mode always ends so
+        sys.exit(finish(exc))
     except Exception as exc:  # the last line of defence: never a bare traceback
         _internal_error(exc)

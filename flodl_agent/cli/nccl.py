@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from .common import emit_json, err, json_opt, out
+from .common import FilePath, emit_json, err, json_opt, out
 
 
 @click.group()
@@ -20,13 +20,13 @@ def nccl() -> None:
 @click.argument("version")
 @click.option(
     "--venv",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=FilePath(path_type=Path, file_okay=False),
     help="The variant's virtualenv (default: the one running fdl).",
 )
 @click.option("--cuda", help="CUDA version or major the wheel is for (default: what the venv's torch says).")
 @click.option(
     "--find-links",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=FilePath(path_type=Path, file_okay=False),
     help="Install from this wheelhouse only (air-gapped fleets).",
 )
 @json_opt

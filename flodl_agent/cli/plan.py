@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from ..address import AddressError, join_address, split_address
 from ..config import Cluster
-from .common import emit_json, err, json_opt, load, out
+from .common import FilePath, emit_json, err, json_opt, load, out
 
 if TYPE_CHECKING:
     from ..placement import FleetSpec, ParallelismSpec, Plan
@@ -249,7 +249,7 @@ def _resources(smi: Path | None) -> dict[str, float]:
 
 smi_opt = click.option(
     "--smi",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    type=FilePath(path_type=Path, dir_okay=False, exists=True),
     help="Read this `nvidia-smi -q` output instead of running nvidia-smi.",
 )
 

@@ -21,6 +21,7 @@ from .common import (
     json_opt,
     option_error,
     out,
+    present,
     project_file,
 )
 from .join import read_spec
@@ -79,7 +80,7 @@ def probe(
     if capture_to is not None:
         write_capture(capture_to, config_file, base, as_json)
     if config_file is None and not spec_stdin:
-        config_file = project_file() or (CLUSTER_FILE if CLUSTER_FILE.is_file() else None)
+        config_file = project_file() or present(CLUSTER_FILE)
     join = cluster = None
     findings: list[Finding] = []
     if spec_stdin:  # `fdl @NAME probe`: this box as its cluster entry describes it

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from .common import (
     CLUSTER_FILE,
+    FilePath,
     TailCommand,
     emit_json,
     err,
@@ -20,6 +21,7 @@ from .common import (
     log,
     option_error,
     out,
+    present,
     project_file,
 )
 from .options import OptionError, PublishFlags, resolve_publish
@@ -37,11 +39,11 @@ class _PublishCommand(TailCommand):
 @click.option(
     "--to",
     "served",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=FilePath(path_type=Path, file_okay=False),
     help="Publish directory: door B serves its tree/ (default: publish.to, else ~/.flodl/run).",
 )
 @click.option(
-    "--identity", type=click.Path(path_type=Path, dir_okay=False), help="ssh key for rsync:// and git+ssh://."
+    "--identity", type=FilePath(path_type=Path, dir_okay=False), help="ssh key for rsync:// and git+ssh://."
 )
 @click.option("--no-build", is_flag=True, help="Publish without running the build gate.")
 @click.option(
@@ -100,7 +102,7 @@ def publish(
     path = project_file(config_file)
     project = load(path, None, as_json).config if path else None
     block = (project.publish if project else None) or Publish()
-    cluster_path = cluster_file or (CLUSTER_FILE if CLUSTER_FILE.is_file() else None)
+    cluster_path = cluster_file or present(CLUSTER_FILE)
     cluster = load(cluster_path, None, as_json).config.cluster if cluster_path else None
     cluster = cluster or (project.cluster if project else None)
     tail = ctx.meta["tail"]

@@ -19,11 +19,22 @@ from rich.live import Live
 
 from ..address import split_address
 from ..config import Cluster, ConfigError, load_config
+from ..config.source import NotRegular
 from ..observe.status import Unreachable, peer, render, render_verdict, request
 from ..observe.verdict import last_verdict
-from ..protocol.tls import cert_fingerprint
-from .common import CLUSTER_FILE, emit_json, err, json_opt, option_error, out, stdout_gone, token_or_exit
+from .common import (
+    CLUSTER_FILE,
+    emit_json,
+    err,
+    json_opt,
+    option_error,
+    out,
+    present,
+    stdout_gone,
+    token_or_exit,
+)
 from .options import OptionError, resolve_addr, resolve_pin
+from .tls import cert_pin
 
 addr_opt = click.option(
     "--addr", help="Controller address host:port (default: ./fdl.cluster.yml, else 127.0.0.1:1337)."
@@ -38,8 +49,9 @@ pin_opt = click.option(
 
 
 def _active_cluster(path: Path) -> Cluster | None:
-    """The cluster of ./fdl.cluster.yml; none when it is missing or invalid (then the defaults apply)."""
-    if not path.is_file():
+    """The cluster of ./fdl.cluster.yml; none when it is missing or invalid (then the defaults
+    apply). A FIFO or a device there is invalid: the load refuses it, never waits on it."""
+    if present(path) is None:
         return None
     try:
         return load_config(path).config.cluster
@@ -50,8 +62,8 @@ def _active_cluster(path: Path) -> Cluster | None:
 def _cluster_pin(cluster: Cluster | None) -> str | None:
     if cluster is None or cluster.controller.tls is None:
         return None
-    with contextlib.suppress(OSError, ValueError):  # no readable certificate: no pin from it
-        return cert_fingerprint(Path(cluster.controller.tls.cert))
+    with contextlib.suppress(OSError, ValueError, NotRegular):  # no readable certificate: no pin from it
+        return cert_pin(Path(cluster.controller.tls.cert))  # never waits on a FIFO
     return None
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import socket
+import ssl
 from pathlib import Path
 
 import click
 
 from ..address import AddressError, check_host
-from ..protocol.tls import DAYS, MAX_DAYS, cert_fingerprint, check_days, generate
-from .common import fail
+from ..config.source import NotRegular, read_bounded
+from ..pin import fingerprint
+from ..protocol.tls import DAYS, MAX_DAYS, PEM_MAX, check_days, generate
+from .common import FilePath, fail
 
 
 @click.group()
@@ -35,8 +38,8 @@ def _days(value: int) -> int:
 
 
 @tls.command("generate")
-@click.option("--cert", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM out.")
-@click.option("--key", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PEM key out.")
+@click.option("--cert", type=FilePath(path_type=Path, dir_okay=False), required=True, help="PEM out.")
+@click.option("--key", type=FilePath(path_type=Path, dir_okay=False), required=True, help="PEM key out.")
 @click.option(
     "--name",
     "names",
@@ -74,10 +77,22 @@ def tls_generate(cert: Path, key: Path, names: tuple[str, ...], days: int, force
 
 
 @tls.command("fingerprint")
-@click.argument("cert", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.argument("cert", type=FilePath(path_type=Path, dir_okay=False, exists=True))
 def tls_fingerprint(cert: Path) -> None:
     """Print a PEM certificate's pin (sha256:<hex>), as join.tls_fingerprint takes it."""
     try:
-        click.echo(cert_fingerprint(cert))
+        click.echo(cert_pin(cert))
+    except NotRegular as exc:  # swapped for a FIFO since the flag was checked
+        raise click.BadParameter(str(exc), param_hint="CERT") from None
     except ValueError as exc:
         raise click.BadParameter(f"not a PEM certificate ({exc})", param_hint="CERT") from None
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read it: {exc.strerror}", param_hint="CERT") from None
+
+
+def cert_pin(cert: Path) -> str:
+    """``cert_fingerprint``, read without waiting: a FIFO or a /proc file is ``NotRegular``."""
+    raw = read_bounded(cert, PEM_MAX)
+    if len(raw) > PEM_MAX:
+        raise ValueError(f"larger than {PEM_MAX // 1024} KiB")
+    return fingerprint(ssl.PEM_cert_to_DER_cert(raw.decode()))

@@ -9,6 +9,7 @@ import secrets
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..address import is_loopback, join_address
@@ -16,6 +17,7 @@ from ..config.join_window import LOCKED_OUT_FIX, locked_out_message, locks_walk_
 from ..config.models import Cluster
 from ..config.problems import format_path
 from ..config.ranks import CapacityUnknown, fanout_ranks, plan_window
+from ..config.source import path_kind
 from ..controller.controller import Controller
 from ..controller.listener import BindError
 from ..controller.settings import Settings
@@ -74,14 +76,17 @@ def bind_failure(exc: BindError, bind: str, port: int) -> LaunchError:
 
 
 class OperatorStop:
-    """SIGINT or SIGTERM on the controller: the operator's stop, not a host's fault.
+    """SIGINT, SIGTERM or SIGHUP on the controller: the operator's stop, not a host's fault.
 
     The run fails with a reason that says so, which rides the Abort to every agent;
-    the launch then exits 128 + the signal (130 for Ctrl-C), the shell's convention, so
-    no wrapper mistakes it for a transient failure to relaunch. A second signal stops at once.
+    the launch then exits 128 + the signal (130 for Ctrl-C, 143, 129 for a dropped ssh
+    session's hangup), the shell's convention, so no wrapper mistakes it for a transient
+    failure to relaunch. A second SIGINT or SIGTERM stops at once; a hangup stays caught to
+    the end, since a dropped session's comes twice (the kernel's, then its shell's).
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    REPEATED = (signal.SIGHUP,)
 
     def __init__(self, controller: Controller, log: Callable[[str], None]) -> None:
         self.controller = controller
@@ -97,14 +102,23 @@ class OperatorStop:
                 self._installed.append(sig)
 
     def remove(self) -> None:
+        """SIGINT and SIGTERM act as ever again (a second one stops at once); SIGHUP stays caught."""
+        loop = asyncio.get_running_loop()
+        for sig in [s for s in self._installed if s not in self.REPEATED]:
+            loop.remove_signal_handler(sig)
+            self._installed.remove(sig)
+
+    def release(self) -> None:
+        """Every handler gone: the launch has ended."""
+        self.remove()
         loop = asyncio.get_running_loop()
         while self._installed:
             loop.remove_signal_handler(self._installed.pop())
 
     def _stop(self, sig: signal.Signals) -> None:
         self.remove()
-        if self.controller.finished.is_set():
-            return  # the run already has its verdict; the launch is closing
+        if self.signal is not None or self.controller.finished.is_set():
+            return  # a stop under way, or the run has its verdict and the launch is closing
         self.signal = sig
         self.log(f"{sig.name}: the operator stopped the launch; telling every host")
         self.controller.fail(f"the operator stopped the launch ({sig.name} on the controller)")
@@ -125,6 +139,7 @@ def controller_for(
 ) -> Controller:
     """``probed``: the ranks of each worker offering ``all``, counted at dispatch."""
     join = cluster.controller.join
+    check_tls_files(cluster)
     configured = capacity(cluster, probed)
     try:
         window = WindowConfig.from_plan(plan_window(join, configured), discovery=join.discovery)
@@ -171,6 +186,21 @@ def controller_for(
         walk_in_facts=cluster.host_facts(None),
     )
     return Controller(settings, log=log)
+
+
+def check_tls_files(cluster: Cluster) -> None:
+    """The TLS pair must be regular files: a FIFO there would hang the port's opening."""
+    tls = cluster.controller.tls
+    for field, path in (("cert", tls.cert), ("key", tls.key)) if tls is not None else ():
+        try:
+            kind = path_kind(Path(path))
+        except (OSError, ValueError):  # missing: the TLS load says so, as ever
+            continue
+        if kind is not None:
+            raise LaunchError(
+                f"cluster.controller.tls.{field}: {path} is not a regular file ({kind})",
+                "point it at the PEM file (fdl tls generate writes the pair)",
+            )
 
 
 def capacity(cluster: Cluster, probed: Mapping[str, int] | None) -> int | None:
@@ -237,10 +267,13 @@ async def launch(
             await _linger(controller, options.linger)
     finally:
         stop.remove()
-        # Kept before the port closes: a status query finds the controller or its verdict, never neither.
-        keep_verdict(controller.view.report(), settings.bind, controller.port)
-        await controller.close()
-        await fanout.stop()
+        try:
+            # Kept before the port closes: a status query finds the controller or its verdict, never neither.
+            keep_verdict(controller.view.report(), settings.bind, controller.port)
+            await controller.close()
+            await fanout.stop()
+        finally:
+            stop.release()
     if report is not None:
         report(controller.view.report())
     return stop.exit_code(controller.exit_code)

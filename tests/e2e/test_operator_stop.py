@@ -1,5 +1,6 @@
-"""Ctrl-C (or SIGTERM) on `fdl launch` is the operator's stop, said as such: the controller
-logs it, every walk-in is told why and says so, and the launch exits 128 + the signal."""
+"""Ctrl-C, SIGTERM or SIGHUP (a dropped ssh session) on `fdl launch` is the operator's stop,
+said as such: the controller logs it, every walk-in is told why and says so, the verdict is
+kept, and the launch exits 128 + the signal. A full disk under stdout stops nothing."""
 
 from __future__ import annotations
 
@@ -42,29 +43,45 @@ def state(port: int) -> dict[str, Any]:
     return {}
 
 
-def stopped(
-    tmp_path: Path, port: int, sig: signal.Signals, *, target: int, until: Callable[[], bool]
-) -> tuple[str, str, int]:
-    """Launch on ``port`` of loopback, walk one box in, send ``sig`` to the launch once ``until``
-    holds; the launch's log, the walk-in's log, and the walk-in's exit code."""
+def home(tmp_path: Path) -> dict[str, str]:
+    """The commands' environment, with the kept verdict under ``tmp_path``."""
+    return {**ENV, "HOME": str(tmp_path)}
+
+
+def open_window(tmp_path: Path, port: int, target: int, **streams: Any) -> subprocess.Popen[str]:
+    """`fdl launch --json` on ``port`` of loopback, its rank a sleeper that says it started."""
     window = {"discovery": True, "min_rank_start": 1, "target_ranks": target, "join_timeout": 120}
     cluster = {"cluster": {"controller": {"host": "127.0.0.1", "port": port, "join": window}}}
     (tmp_path / "fdl.cluster.yml").write_text(json.dumps(cluster))
     started = tmp_path / "started"
     rank = [sys.executable, "-c", f"import time; open(r'{started}', 'w').close(); time.sleep(600)"]
-    launch = subprocess.Popen(
-        ["fdl", "launch", "--json", "--", *rank], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(
+        ["fdl", "launch", "--json", "--", *streams.pop("rank", rank)], cwd=tmp_path, env=home(tmp_path),
+        text=True, **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **streams},
     )  # fmt: skip
+
+
+def walk_in(tmp_path: Path, port: int, **streams: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["fdl", "join", f"127.0.0.1:{port}", "--host", "box-a", "--devices", "cpu:1"],
+        cwd=tmp_path, env=home(tmp_path), text=True,
+        **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **streams},
+    )  # fmt: skip
+
+
+def stopped(
+    tmp_path: Path, port: int, sig: signal.Signals, *, target: int, until: Callable[[], bool], times: int = 1
+) -> tuple[str, str, int]:
+    """Launch on ``port`` of loopback, walk one box in, send ``sig`` (``times`` over) to the
+    launch once ``until`` holds; the launch's log, the walk-in's log, and the walk-in's exit code."""
+    launch = open_window(tmp_path, port, target)
     walker = None
     try:
         wait_for(lambda: bool(state(port)))  # the window is open
-        walker = subprocess.Popen(
-            ["fdl", "join", f"127.0.0.1:{port}", "--host", "box-a", "--devices", "cpu:1"],
-            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        walker = walk_in(tmp_path, port)
         wait_for(until)
-        launch.send_signal(sig)
+        for _ in range(times):
+            launch.send_signal(sig)
         code = launch.wait(timeout=60)
         assert code == 128 + sig, launch.stderr.read() if launch.stderr else ""
         walked = walker.wait(timeout=60)
@@ -80,6 +97,18 @@ def stopped(
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def kept(tmp_path: Path, port: int) -> dict[str, Any]:
+    """What `fdl status` shows once nobody answers on ``port``: the verdict the launch kept."""
+    shown = subprocess.run(
+        ["fdl", "status", "--addr", f"127.0.0.1:{port}", "--json"],
+        cwd=tmp_path, env=home(tmp_path), capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 1, shown.stderr  # nobody answers; the kept verdict is shown
+    verdict: dict[str, Any] = json.loads(shown.stdout)
+    assert verdict["live"] is False
+    return verdict
 
 
 def test_ctrl_c_mid_run_is_the_operators_stop_and_every_host_is_told(tmp_path: Path) -> None:
@@ -109,3 +138,45 @@ def test_sigterm_while_the_window_is_open_is_the_operators_stop_too(tmp_path: Pa
         in walk_in
     )
     assert code == 1
+
+
+def test_sighup_a_dropped_ssh_session_is_the_operators_stop_and_the_verdict_is_kept(tmp_path: Path) -> None:
+    # A dropped session's hangup comes twice (the kernel's, then the shell's): one stop.
+    started, port = tmp_path / "started", free_port()
+    log, walk_in, code = stopped(tmp_path, port, signal.SIGHUP, target=1, until=started.exists, times=2)
+    assert "SIGHUP: the operator stopped the launch; telling every host" in log
+    assert "launch stopped by the operator (SIGHUP): exit 129" in log
+    assert (
+        "the controller aborted the run: the operator stopped the launch (SIGHUP on the controller)"
+        in walk_in
+    )
+    assert code == 1
+    verdict = kept(tmp_path, port)
+    assert not verdict["ok"]
+    assert verdict["reason"] == "the operator stopped the launch (SIGHUP on the controller)"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this box")
+def test_a_full_disk_under_stdout_ends_neither_the_walk_in_nor_the_run(tmp_path: Path) -> None:
+    port = free_port()
+    rank = [sys.executable, "-c", "for i in range(200): print('step', i, flush=True)"]
+    with Path("/dev/full").open("w") as full:
+        launch = open_window(tmp_path, port, 1, stdout=full, rank=rank)
+        walker = None
+        try:
+            wait_for(lambda: bool(state(port)))
+            walker = walk_in(tmp_path, port, stdout=full)
+            # The rank's lines meet the full disk on the walk-in's stdout; the report on the launch's.
+            assert walker.wait(timeout=60) == 0, walker.stderr.read() if walker.stderr else ""
+            assert launch.wait(timeout=60) == 0, launch.stderr.read() if launch.stderr else ""
+        finally:
+            for proc in (launch, walker):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    assert launch.stderr is not None and walker.stderr is not None
+    said = "fdl: cannot write to standard output: No space left on device"
+    walked, launched = walker.stderr.read(), launch.stderr.read()
+    assert walked.count(said) == 1 and launched.count(said) == 1, (walked[-2000:], launched[-2000:])
+    assert "internal error" not in walked + launched
+    assert kept(tmp_path, port)["ok"]

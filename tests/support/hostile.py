@@ -2,7 +2,9 @@
 
 What a new user mistypes and what an attacker tries: empty and huge values, spaces and
 path tricks, control and bidi code points, schemes and unbracketed IPv6 in addresses,
-YAML that nests deep, repeats keys, chains anchors, carries tags or is not UTF-8 at all.
+YAML that nests deep, repeats keys, chains anchors, carries tags or is not UTF-8 at all;
+NUL bytes in values bound for a process; paths that are no regular file (a FIFO waits for
+a writer, /dev/zero never ends); a stdin that never ends.
 
 Nothing here resolves or reaches anything: every address that parses is an IP literal on
 a port nobody listens on (a dial is refused at once).
@@ -10,6 +12,10 @@ a port nobody listens on (a dial is refused at once).
 
 from __future__ import annotations
 
+import io
+import os
+import socket
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -103,7 +109,7 @@ TEMPLATE: dict[str, Any] = {
         },
         "env": {"GLOO_SOCKET_IFNAME": "lo"},
     },
-    "join": {"controller": CLOSED[0], "devices": "cpu:1", "host": "box-1", "args": ["--x"]},
+    "join": {"controller": CLOSED[0], "devices": "cpu:1", "host": "box-1", "bin": "true", "args": ["--x"]},
     "commands": {"train": ["python3", "-c", "pass"]},
 }
 DEEP = "__deep__"  # replaced by a flow collection nested past every parser's comfort
@@ -123,8 +129,10 @@ def _paths(data: Any, loc: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 # The window's timeouts stay: they are what ends a launch of a valid mutant within a second.
 PATHS = [p for p in _paths(TEMPLATE) if p[-1] not in ("join_timeout", "max_join_timeout")]
 HOSTILE_INTS = (0, -1, 65536, 2**63, 10**30)  # never a port anything listens on
+NUL = "nul\x00byte"  # no argv, environment entry or path can carry it: the OS ends the text there
 values = st.one_of(
     st.sampled_from(TEXTS),
+    st.sampled_from([NUL, "\x00"]),
     st.sampled_from(HOSTILE_INTS),
     st.sampled_from([True, None, 1.5, float("inf"), float("nan"), [], {}, [1, [2]], {"a": {"b": 1}}]),
     st.just(DEEP),
@@ -181,3 +189,74 @@ configs = st.one_of(
     st.builds(bytes.__add__, mutants(), st.sampled_from(RAW)),
     st.binary(max_size=200),
 )
+
+
+# --- NUL bound for a process ---------------------------------------------------------------
+
+# Values that reach a rank's argv or environment: a NUL there would crash the spawn mid-run.
+NUL_FIELDS: tuple[tuple[Any, ...], ...] = (
+    ("cluster", "env", "GLOO_SOCKET_IFNAME"),
+    ("cluster", "workers", 0, "env", "X"),
+    ("join", "env", "X"),
+    ("join", "args", 0),
+)
+
+
+def with_nul(loc: tuple[Any, ...]) -> bytes:
+    """The template, with a worker and a join env, and a NUL in the value at ``loc``."""
+    data = yaml.safe_load(yaml.safe_dump(TEMPLATE))
+    data["cluster"]["workers"] = [{"host": "box-1", "local_devices": "cpu:1", "env": {"X": "1"}}]
+    data["join"]["env"] = {"X": "1"}
+    _set(data, loc, NUL)
+    return yaml.safe_dump(data, sort_keys=False).encode()
+
+
+# --- what is no regular file ---------------------------------------------------------------
+
+# What each is, as a refusal names it.
+ODD_KINDS = {
+    "fifo": "a FIFO",
+    "directory": "a directory",
+    "socket": "a socket",
+    "zero": "a character device",
+    "proc": "a kernel file",
+}
+
+
+def refusal(kind: str) -> str:
+    """How a config file of ``kind`` is refused (a directory as ever, the rest by what it is)."""
+    return "is a directory, not a file" if kind == "directory" else f"not a regular file ({ODD_KINDS[kind]}"
+
+
+def make_odd(kind: str, path: Path) -> Path:
+    """``path`` made into what ``kind`` names: a FIFO nobody writes, a directory, a unix socket,
+    /dev/zero (never ends), or /proc/self/status (size 0, its bytes made up as read)."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(path))
+    else:
+        path.symlink_to({"zero": "/dev/zero", "proc": "/proc/self/status"}[kind])
+    return path
+
+
+# --- a stdin that never ends ---------------------------------------------------------------
+
+
+class Endless(io.RawIOBase):
+    """`< /dev/zero`: bytes forever; a read past ``cap`` fails the test (stdin read whole)."""
+
+    def __init__(self, cap: int = 32 << 20, byte: bytes = b"0") -> None:
+        self.cap, self.byte, self.given = cap, byte, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self.given += len(buffer)
+        assert self.given <= self.cap, "stdin read past any bound"
+        buffer[:] = self.byte * len(buffer)
+        return len(buffer)

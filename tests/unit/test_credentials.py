@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from flodl_agent.agent.spec import AgentSpec
 from flodl_agent.config import Join
-from flodl_agent.credentials import TOKEN_PATTERN, CredentialError, token_from, valid_token
+from flodl_agent.credentials import (
+    TOKEN_LINE_MAX,
+    TOKEN_PATTERN,
+    CredentialError,
+    read_token,
+    token_from,
+    valid_token,
+)
 
 ROOT = Path(__file__).parent.parent.parent
 TOKEN = "0123456789abcdef" * 2
@@ -105,3 +116,58 @@ def test_a_token_in_argv_or_of_the_wrong_shape_is_refused(
 ) -> None:
     with pytest.raises(CredentialError, match=words):
         token_from(option, stdin, env)
+
+
+class Endless(io.RawIOBase):
+    """A stdin that never ends (`< /dev/zero`), and fails the test if read past ``cap``."""
+
+    def __init__(self, byte: bytes = b"0", cap: int = 1 << 20) -> None:
+        self.byte, self.cap, self.given = byte, cap, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self.given += len(buffer)
+        assert self.given <= self.cap, "read past any bound: stdin is read whole"
+        buffer[:] = self.byte * len(buffer)
+        return len(buffer)
+
+
+@pytest.mark.parametrize("byte", [b"0", b"\0"])
+def test_token_dash_reads_one_bounded_line_and_refuses_a_stream(
+    monkeypatch: pytest.MonkeyPatch, byte: bytes
+) -> None:
+    stdin = Endless(byte)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(stdin)))
+    with pytest.raises(CredentialError, match="--token - read a line longer than 256 characters"):
+        read_token("-")
+    assert stdin.given <= 64 * 1024  # a buffer's worth, never the stream
+
+
+def test_token_dash_takes_a_line_at_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    line = TOKEN + " " * (TOKEN_LINE_MAX - len(TOKEN) - 1) + "\n"  # TOKEN_LINE_MAX characters
+    monkeypatch.setattr(sys, "stdin", io.StringIO(line + "more"))
+    assert read_token("-") == TOKEN
+
+
+class Directory(io.RawIOBase):
+    """`< /`: the shell opens a directory, and every read of it fails."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        raise IsADirectoryError(errno.EISDIR, "Is a directory")
+
+
+def test_token_dash_on_a_closed_or_unreadable_stdin_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", None)  # `<&-`
+    with pytest.raises(CredentialError, match="stdin was empty"):
+        read_token("-")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(Directory())))
+    with pytest.raises(CredentialError, match="--token - cannot read stdin: Is a directory"):
+        read_token("-")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfe\n"), encoding="utf-8"))
+    with pytest.raises(CredentialError, match="cannot read stdin: it is not utf-8 text"):
+        read_token("-")
