@@ -191,7 +191,8 @@ class Controller:
             self.links[host].ranks = ranks
         self.formed = [(self.links[host], ranks.start) for host, ranks in linked.items()]
         self.run_id = self.cohort.run_id
-        self.supervisor = Supervisor(linked, self.settings.limits, self.clock())
+        nccl = self.settings.plane == "nccl"  # its collectives are a process group: it rendezvouses
+        self.supervisor = Supervisor(linked, self.settings.limits, self.clock(), rendezvous=nccl)
         if world:
             self.traffic = Traffic(list(world), self.links, self.supervisor, self.dropped)
         self.view.invalidate()  # the final ranks replace the provisional ones
@@ -277,21 +278,22 @@ class Controller:
         self._apply(self.window.fail(verdict.reason, self.clock()))
         return False
 
+    @property
+    def averaging(self) -> bool:
+        return self.traffic is not None and self.traffic.averaging
+
     def _shutdown_with_save(self, reason: str) -> bool:
         assert self.supervisor is not None
-        averaging = self.traffic is not None and self.traffic.averaging
         return self._verdict(
-            self.supervisor.shutdown_with_save(reason, averaging=averaging, now=self.clock())
+            self.supervisor.shutdown_with_save(reason, averaging=self.averaging, now=self.clock())
         )
 
-    def _rank_failed(self, reason: str, ranks: set[int]) -> bool:
-        """Ranks were lost; True when the run goes on without them."""
+    def _rank_failed(self, reason: str, ranks: set[int], started: bool = True) -> bool:
+        """Ranks were lost (``started``: False when their command never ran); True when the run goes on."""
         if self.supervisor is None:
             return False
-        averaging = self.traffic is not None and self.traffic.averaging
-        return self._verdict(
-            self.supervisor.rank_failed(reason, ranks, averaging=averaging, now=self.clock())
-        )
+        lost = self.supervisor.rank_failed
+        return self._verdict(lost(reason, ranks, averaging=self.averaging, now=self.clock(), started=started))
 
     # --- connections ---------------------------------------------------------
 
@@ -418,7 +420,7 @@ class Controller:
             if self.traffic is None:
                 self.dropped["stream"] += 1  # no world formed yet
             else:
-                self.traffic.route(host, message)
+                self._verdict(self.traffic.route(host, message))  # the first far stream may end the run
         elif isinstance(message, Average):
             self._average(host, message, event.blob)
         elif isinstance(message, RankExited):
@@ -436,7 +438,7 @@ class Controller:
         ended = f"rank {exited.rank} on {host} {how}"
         self.note("exit", ended)
         if exited.code != 0 and self.window.phase == "training":
-            self._rank_failed(ended, {exited.rank})
+            self._rank_failed(ended, {exited.rank}, started=not exited.error)
 
     def _average(self, host: str, pushed: Average, blob: wire.Blob) -> None:
         traffic = self.traffic
@@ -475,8 +477,7 @@ class Controller:
                 self._apply(self.window.fail(supervisor.shutdown, self.clock()))
             return
         if phase == "training" and supervisor is not None:
-            averaging = self.traffic is not None and self.traffic.averaging
-            verdict = supervisor.host_closed(host, averaging=averaging, now=self.clock())
+            verdict = supervisor.host_closed(host, averaging=self.averaging, now=self.clock())
             if verdict is not None and not self._verdict(verdict):
                 return
         self.note("leave", f"host {host} closed its link")

@@ -9,16 +9,20 @@ it fires.
 Seed 000's rules: a lost rank within ``max_failure`` is evicted and the others
 train on (averaging renormalizes); beyond it the survivors averaging through
 the controller save a checkpoint (ShutdownWithSave: the lowest surviving rank
-writes it) and the run fails after ``shutdown_grace``. A training host that
-sends nothing for ``heartbeat_timeout`` is cut off; an averaging round that
-waits past ``stall_ceiling`` for its last host is a hung host, and ends the
-run with a save.
+writes it) and the run fails after ``shutdown_grace``. An eviction is a promise
+that nobody waits for the lost ranks, so it is made only where the controller
+can keep it (see ``rank_failed``); elsewhere the loss ends the run at once. A
+training host that sends nothing for ``heartbeat_timeout`` is cut off; an
+averaging round that waits past ``stall_ceiling`` for its last host is a hung
+host, and ends the run with a save.
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
+
+from ..config.ranks import rank_span
 
 
 def exit_words(code: int) -> str:
@@ -135,6 +139,9 @@ class Stalled:
 
 Verdict = Evict | Shutdown | FailRun | Cut | Stalled
 
+# Why a loss that nothing shows the world survives ends the run (a torchrun world fails the same way).
+NOT_A_GROUP = "max_failure lets the CPU plane's averaging go on without a host, not a process group"
+
 
 @dataclass
 class Supervisor:
@@ -150,6 +157,10 @@ class Supervisor:
     silent: set[str] = field(default_factory=set)  # cut by the watchdog: its end says why
     stalls: dict[int, float] = field(default_factory=dict)  # open averaging rounds: their ceiling
     grace_until: float | None = None
+    # The world rendezvouses through torch's store: a far rank's store connection was routed,
+    # or the plane's collectives (nccl) need a process group. Its ranks wait for everyone's keys.
+    rendezvous: bool = False
+    unproven: set[int] = field(default_factory=set)  # evicted while nothing showed the world survives it
 
     def __post_init__(self) -> None:
         self.seen = dict.fromkeys(self.world, self.now)
@@ -157,6 +168,22 @@ class Supervisor:
     @property
     def size(self) -> int:
         return sum(len(r) for r in self.world.values())
+
+    def world_now(self) -> tuple[int, int]:
+        """The renormalized world: (ranks, hosts) less the lost ones (what the headline counts)."""
+        hosts = sum(1 for ranks in self.world.values() if set(ranks) - self.failed)
+        return self.size - len(self.failed), hosts
+
+    def lost(self, ranks: set[int]) -> str:
+        """Whose ranks these are, as people read them: "host b's rank 2"; one host's ranks in order."""
+        parts = []
+        for host, span in self.world.items():
+            mine = sorted(ranks & set(span))
+            if mine and mine == list(range(mine[0], mine[-1] + 1)):
+                parts.append(f"host {host}'s {rank_span(range(mine[0], mine[-1] + 1), noun=True)}")
+            elif mine:
+                parts.append(f"host {host}'s ranks {', '.join(map(str, mine))}")
+        return ", ".join(parts)
 
     def survivors(self) -> set[int]:
         ranks = {r for ranks in self.world.values() for r in ranks}
@@ -199,19 +226,63 @@ class Supervisor:
 
     # --- decisions -----------------------------------------------------------
 
-    def rank_failed(self, reason: str, ranks: set[int], *, averaging: bool, now: float) -> Verdict | None:
-        """Ranks were lost: Evict (the run goes on), or the shutdown's verdict; None when a
-        shutdown is already under way (its grace decides)."""
+    def rank_failed(
+        self, reason: str, ranks: set[int], *, averaging: bool, now: float, started: bool = True
+    ) -> Verdict | None:
+        """Ranks were lost: Evict (the run goes on), FailRun, or the shutdown's verdict; None
+        when a shutdown is already under way (its grace decides). ``started``: False when the
+        ranks' command never ran (they reported a shell's 127 or 126 with the reason).
+
+        Within the budget, the eviction keeps its promise only where nothing waits for the lost
+        ranks. Averaging through the controller (the hub holds a round) proves it: every live
+        rank is past formation and the hub renormalizes. A world seen to rendezvous through
+        torch's store is a fixed-size process group (or still forming), which cannot go on
+        without a rank. Ranks that never started never wrote their keys, and the store host's
+        own ranks wait on it unseen (only far ranks' connections cross the controller), so
+        such a loss ends the run too, rather than leave survivors to torch's store timeout.
+        """
         if self.shutdown:
             return None
         self.failed |= ranks
         budget = failure_budget(self.limits.max_failure, self.size)
-        if len(self.failed) <= budget:
+        if len(self.failed) > budget:
+            return self.shutdown_with_save(
+                f"{reason}; {len(self.failed)} failed rank(s) exceed max_failure {budget}",
+                averaging=averaging,
+                now=now,
+            )
+        if averaging:
             return Evict(reason, len(self.failed), budget)
-        return self.shutdown_with_save(
-            f"{reason}; {len(self.failed)} failed rank(s) exceed max_failure {budget}",
-            averaging=averaging,
-            now=now,
+        who = self.lost(ranks)
+        if not started:
+            return FailRun(
+                f"{reason}; {who} never started, and a world that rendezvouses through torch's "
+                f"store (a process group, the Trainer's formation check) cannot form without them: "
+                f"the run ends — {NOT_A_GROUP}"
+            )
+        if self.rendezvous:
+            return FailRun(
+                f"{reason}; {who} left a torch.distributed world (its ranks rendezvous through "
+                f"the store, not averaging through the controller), which cannot go on without "
+                f"them: the run ends — {NOT_A_GROUP}"
+            )
+        # Nothing shows that anyone waits (independent ranks, say): evicted, until a far rank
+        # reaches the store and shows the world rendezvouses (``rendezvoused``).
+        self.unproven |= ranks
+        return Evict(reason, len(self.failed), budget)
+
+    def rendezvoused(self, *, averaging: bool) -> FailRun | None:
+        """A far rank reached the store (the first stream): the world rendezvouses. An eviction
+        made before anything showed the world survives it now ends the run (the survivors wait
+        for keys the lost ranks never wrote), unless the world averages through the controller."""
+        self.rendezvous = True
+        if not self.unproven or averaging or self.shutdown:
+            return None
+        lost, self.unproven = self.lost(self.unproven), set()  # said once: the run ends with it
+        return FailRun(
+            f"{lost} had been evicted before the world averaged, and then the "
+            f"others rendezvoused through torch's store: a torch.distributed world cannot go on "
+            f"without them: the run ends — {NOT_A_GROUP}"
         )
 
     def shutdown_with_save(self, reason: str, *, averaging: bool, now: float) -> Shutdown | FailRun:

@@ -19,7 +19,7 @@ from ..protocol import wire
 from ..protocol.messages import Average, Stream
 from ..train.hub import Averaged, Hub, Mismatch
 from ..train.rendezvous import RouteError, StreamRouter
-from .supervision import Supervisor
+from .supervision import FailRun, Supervisor
 
 
 class Sender(Protocol):
@@ -52,9 +52,14 @@ class Traffic:
         """Ranks average through the controller (only they can be asked to save)."""
         return self.hub.active
 
-    def route(self, host: str, stream: Stream) -> None:
-        """A rendezvous stream's bytes: member -> store host, or store host -> member."""
+    def route(self, host: str, stream: Stream) -> FailRun | None:
+        """A rendezvous stream's bytes: member -> store host, or store host -> member; the
+        supervisor's verdict when this is the first sign that the world rendezvouses."""
         router = self.streams
+        verdict = None
+        if host != router.store_host and not self.supervisor.rendezvous:
+            # A far rank dialled the store (routable or not: its store host may be gone).
+            verdict = self.supervisor.rendezvoused(averaging=self.averaging)
         try:
             if host == router.store_host:
                 target, sid = router.from_store(stream.id, stream.end)
@@ -62,12 +67,13 @@ class Traffic:
                 target, sid = router.store_host, router.from_member(host, stream.id, stream.end)
         except RouteError:
             self.dropped["stream"] += 1
-            return
+            return verdict
         link = self.links.get(target)
         if link is None:
             self.dropped["stream"] += 1
-            return
+            return verdict
         link.send(wire.Kind.STREAM, {"id": sid, "data": stream.data, "end": stream.end})
+        return verdict
 
     def push(self, host: str, pushed: Average, blob: wire.Blob, now: float) -> bool:
         """A host's folded round; the average goes back once the round is complete.

@@ -158,25 +158,38 @@ class ControllerView:
     def _live(self, now: float) -> dict[str, Any]:
         """The head of /state.json: everything but the parts that grow with the fleet."""
         ctl = self.ctl
-        return ctl.window.snapshot(now, members=False) | {
-            "now": round(time.time(), 1),
-            "launch": ctl.settings.launch,
-            "run_id": ctl.run_id or ctl.cohort.run_id,
-            "port": ctl.port,
-            "plane": ctl.settings.plane,
-            "admitted": ctl.admitted,
-            "refused": dict(ctl.refused),
-            "dropped": dict(ctl.dropped),
-            "averaging": (
-                {
-                    "rounds": ctl.hub.rounds_done,
-                    "bytes": ctl.hub.bytes_in,
-                    "round_s": ctl.traffic.rounds.seconds_json(),
-                }
-                if ctl.hub and ctl.traffic
-                else None
-            ),
-        }
+        return (
+            ctl.window.snapshot(now, members=False)
+            | self._world()
+            | {
+                "now": round(time.time(), 1),
+                "launch": ctl.settings.launch,
+                "run_id": ctl.run_id or ctl.cohort.run_id,
+                "port": ctl.port,
+                "plane": ctl.settings.plane,
+                "admitted": ctl.admitted,
+                "refused": dict(ctl.refused),
+                "dropped": dict(ctl.dropped),
+                "averaging": (
+                    {
+                        "rounds": ctl.hub.rounds_done,
+                        "bytes": ctl.hub.bytes_in,
+                        "round_s": ctl.traffic.rounds.seconds_json(),
+                    }
+                    if ctl.hub and ctl.traffic
+                    else None
+                ),
+            }
+        )
+
+    def _world(self) -> dict[str, Any]:
+        """After losses, the renormalized world (the survivors) replaces the window's counts, so
+        the headline, the page and /metrics count who trains on, not who formed the world."""
+        supervisor = self.ctl.supervisor
+        if supervisor is None or not supervisor.failed:
+            return {"lost_ranks": []}
+        ranks, hosts = supervisor.world_now()
+        return {"joined_ranks": ranks, "joined_hosts": hosts, "lost_ranks": sorted(supervisor.failed)}
 
     def _heartbeats(self, now: float) -> dict[str, float]:
         ctl, supervisor = self.ctl, self.ctl.supervisor

@@ -191,9 +191,13 @@ class _StateCollector:
             phase.add_metric([name], 1.0 if s.get("phase") == name else 0.0)
         yield phase
         hosts = s.get("hosts", [])
-        yield GaugeMetricFamily("flodl_joined_hosts", "Hosts in the roster", value=len(hosts))
-        ranks = sum(h["ranks"][1] - h["ranks"][0] for h in hosts)
-        yield GaugeMetricFamily("flodl_joined_ranks", "Ranks in the roster", value=ranks)
+        joined = len(hosts), sum(h["ranks"][1] - h["ranks"][0] for h in hosts)
+        lost = s.get("lost_ranks") or []
+        if lost:  # after losses: the renormalized world, as the headline counts it
+            joined = s["joined_hosts"], s["joined_ranks"]
+        yield GaugeMetricFamily("flodl_joined_hosts", "Hosts in the roster (the survivors)", value=joined[0])
+        yield GaugeMetricFamily("flodl_joined_ranks", "Ranks in the roster (the survivors)", value=joined[1])
+        yield GaugeMetricFamily("flodl_lost_ranks", "Ranks lost mid-run (evicted or failed)", value=len(lost))
         yield CounterMetricFamily("flodl_admissions", "Walk-ins admitted", value=s.get("admitted", 0))
         refused = CounterMetricFamily("flodl_refusals", "Hellos refused, by reason", labels=["reason"])
         for reason, count in sorted(s.get("refused", {}).items()):

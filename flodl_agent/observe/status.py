@@ -194,11 +194,19 @@ def refusal_counts(state: dict[str, Any]) -> str:
     return " \u00b7 ".join(parts)
 
 
+def _lost(state: dict[str, Any]) -> str:
+    """After losses the counts are the survivors': say who is missing (", rank 2 lost")."""
+    lost = state.get("lost_ranks")
+    if not isinstance(lost, list) or not lost:
+        return ""
+    return f", {'ranks' if len(lost) > 1 else 'rank'} {', '.join(map(str, lost))} lost"
+
+
 def render(state: dict[str, Any]) -> list[Text | Table]:
     target = state.get("target")
     out = _head(
         state.get("phase"),
-        f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts"
+        f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts{_lost(state)}"
         f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'})"
         f"  start {state.get('start')}{' (armed)' if state.get('armed') else ''}"
         f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}",

@@ -67,7 +67,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.protocol.messages": PYDANTIC,
     "flodl_agent.controller.admission": PYDANTIC,
     "flodl_agent.protocol.join_protocol": PYDANTIC,
-    "flodl_agent.controller.supervision": IO_MODULES,
+    "flodl_agent.controller.supervision": PYDANTIC,  # its log words use config.ranks.rank_span
     "flodl_agent.controller.settings": PYDANTIC,
     "flodl_agent.hardware.offer": PYDANTIC,
     "flodl_agent.hardware.variants": PYDANTIC,
