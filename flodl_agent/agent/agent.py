@@ -228,7 +228,7 @@ class Attempt:
         for local, env in enumerate(envs):
             try:
                 self.children.append(await self._spawn(mine.first_rank + local, command, env, cwd, averager))
-            except OSError as exc:  # the run's failure, not the box's: said to the controller, then re-dial
+            except (OSError, ValueError) as exc:  # the run's failure, not the box's: said, then re-dial
                 await relay.close()
                 await averager.close()  # its shared-memory directory goes with it
                 await self._kill_children()

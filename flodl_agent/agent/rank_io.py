@@ -23,12 +23,14 @@ CLOSE_TIMEOUT = 10.0
 NOT_FOUND, CANNOT_EXECUTE = 127, 126
 
 
-def start_failure(command: list[str], exc: OSError) -> tuple[AgentFailure, int, str]:
-    """A rank's command that the kernel would not start: the attempt's failure (transient:
-    the run's command is wrong, not the box), the code a shell would exit with, and why."""
+def start_failure(command: list[str], exc: OSError | ValueError) -> tuple[AgentFailure, int, str]:
+    """A rank's command that the kernel would not start (or Python would not hand it: a NUL
+    byte in its argv, env or cwd is a ValueError): the attempt's failure (transient: the run's
+    command is wrong, not the box), the code a shell would exit with, and why."""
     entry = command[0] if command else "?"
-    where = f" ({exc.filename})" if exc.filename and str(exc.filename) != entry else ""  # a missing cwd
-    why = f"{entry}: {exc.strerror or exc}{where}"
+    filename = getattr(exc, "filename", None)
+    where = f" ({filename})" if filename and str(filename) != entry else ""  # a missing cwd
+    why = f"{entry}: {getattr(exc, 'strerror', None) or exc}{where}"
     code = NOT_FOUND if isinstance(exc, FileNotFoundError) else CANNOT_EXECUTE
     failure = Transient(
         f"cannot start the entry point {why}",

@@ -240,3 +240,15 @@ def test_ranks_sharing_a_box_default_to_one_omp_thread_like_torchrun(monkeypatch
     assert [e["OMP_NUM_THREADS"] for e in attempt.rank_env(world, "h:1", 1)] == ["1", "1"]
     mine = world.model_copy(update={"env": {"OMP_NUM_THREADS": "8"}})
     assert attempt.rank_env(mine, "h:1", 1)[0]["OMP_NUM_THREADS"] == "8"
+
+
+def test_a_command_python_cannot_hand_the_kernel_is_a_reported_rank_failure() -> None:
+    """A NUL in a rank's argv, env or cwd raises ValueError, not OSError: still the run's
+    failure with a shell's code and why (never the agent's internal error)."""
+    from flodl_agent.agent.rank_io import CANNOT_EXECUTE, start_failure
+    from flodl_agent.retry import Transient
+
+    failure, code, why = start_failure(["train\x00x"], ValueError("embedded null byte"))
+    assert isinstance(failure, Transient)
+    assert code == CANNOT_EXECUTE
+    assert why == "train\x00x: embedded null byte"
