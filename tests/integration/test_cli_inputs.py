@@ -22,14 +22,12 @@ import io
 import os
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
@@ -203,24 +201,6 @@ def invocations(draw: st.DrawFn, name: str, scratch: Path) -> list[str]:
     return argv + held.get("last", [])
 
 
-class Hung(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    def ring(_signum: int, _frame: FrameType | None) -> None:
-        raise Hung(f"still running after {seconds}s")
-
-    previous = signal.signal(signal.SIGALRM, ring)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 @pytest.fixture
 def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """Name lookups fail as on a box without DNS; IP literals resolve as ever (no network is asked)."""
@@ -259,7 +239,7 @@ def drive(name: str, draw_argv: Callable[[Path], st.SearchStrategy[list[str]]]) 
             # Now and then a stdin that never ends (`< /dev/zero`): read one bounded line, or not at all.
             endless = data.draw(st.sampled_from([False] * 5 + [True]), label="endless stdin")
             given = io.BufferedReader(hostile.Endless()) if endless else stdin + "\n"
-            with deadline(DEADLINE):
+            with hostile.deadline(DEADLINE):
                 result = CliRunner().invoke(cli, argv, input=given, env=env)
         said = result.output
         event(f"exit {result.exit_code}")  # --hypothesis-show-statistics: how the runs ended
@@ -345,7 +325,7 @@ def _project(scratch: Path, port: int = 1) -> None:
 
 def _invoke(name: str, argv: list[str], scratch: Path) -> Any:
     """One in-process run, under the deadline, held to the command's exit codes."""
-    with deadline(DEADLINE):
+    with hostile.deadline(DEADLINE):
         result = CliRunner().invoke(cli, argv, input="", env={**ENV, "HOME": str(scratch)})
     said = result.output
     unexpected = result.exception is not None and not isinstance(result.exception, SystemExit)

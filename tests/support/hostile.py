@@ -12,10 +12,14 @@ a port nobody listens on (a dial is refused at once).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import yaml
@@ -260,3 +264,23 @@ class Endless(io.RawIOBase):
         assert self.given <= self.cap, "stdin read past any bound"
         buffer[:] = self.byte * len(buffer)
         return len(buffer)
+
+
+class Hung(Exception):
+    """An invocation or a read that outlived its deadline (a FIFO waited on, a hung command)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail the test with Hung after ``seconds`` instead of hanging it (main thread only)."""
+
+    def ring(_signum: int, _frame: FrameType | None) -> None:
+        raise Hung(f"still running after {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

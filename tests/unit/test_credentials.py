@@ -22,6 +22,7 @@ from flodl_agent.credentials import (
     token_from,
     valid_token,
 )
+from tests.support import hostile
 
 ROOT = Path(__file__).parent.parent.parent
 TOKEN = "0123456789abcdef" * 2
@@ -118,27 +119,11 @@ def test_a_token_in_argv_or_of_the_wrong_shape_is_refused(
         token_from(option, stdin, env)
 
 
-class Endless(io.RawIOBase):
-    """A stdin that never ends (`< /dev/zero`), and fails the test if read past ``cap``."""
-
-    def __init__(self, byte: bytes = b"0", cap: int = 1 << 20) -> None:
-        self.byte, self.cap, self.given = byte, cap, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        self.given += len(buffer)
-        assert self.given <= self.cap, "read past any bound: stdin is read whole"
-        buffer[:] = self.byte * len(buffer)
-        return len(buffer)
-
-
 @pytest.mark.parametrize("byte", [b"0", b"\0"])
 def test_token_dash_reads_one_bounded_line_and_refuses_a_stream(
     monkeypatch: pytest.MonkeyPatch, byte: bytes
 ) -> None:
-    stdin = Endless(byte)
+    stdin = hostile.Endless(cap=1 << 20, byte=byte)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(stdin)))
     with pytest.raises(CredentialError, match="--token - read a line longer than 256 characters"):
         read_token("-")

@@ -10,12 +10,10 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
@@ -35,22 +33,6 @@ needs_full = pytest.mark.skipif(not FULL.exists(), reason="no /dev/full on this 
 needs_fdl = pytest.mark.skipif(shutil.which("fdl") is None, reason="the fdl console script is not on PATH")
 
 
-@contextlib.contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """A read that waits on a FIFO fails the test instead of hanging it."""
-
-    def ring(_signum: int, _frame: FrameType | None) -> None:
-        raise TimeoutError(f"still waiting after {seconds}s")
-
-    previous = signal.signal(signal.SIGALRM, ring)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 KINDS = hostile.ODD_KINDS
 
 
@@ -65,7 +47,7 @@ def test_a_config_file_that_is_no_regular_file_is_refused_by_name_not_waited_on(
 ) -> None:
     if kind == "proc" and not Path("/proc/self/status").exists():
         pytest.skip("no /proc")
-    with odd_file(kind, tmp_path) as path, deadline(10):
+    with odd_file(kind, tmp_path) as path, hostile.deadline(10):
         with pytest.raises(NotRegular, match=KINDS[kind]):
             read_bounded(path, MAX_BYTES)
         with pytest.raises(ConfigError) as refused:
@@ -91,7 +73,7 @@ def test_a_project_file_that_is_no_regular_file_is_refused_not_ignored(
     with odd_file(kind, tmp_path) as odd:
         odd.rename(tmp_path / "fdl.yml")
         assert common.project_file() == Path("fdl.yml")
-        with deadline(20):
+        with hostile.deadline(20):
             result = CliRunner().invoke(cli, ["join", "127.0.0.1:1", "--devices", "cpu:1"])
     assert result.exit_code == 1, result.output  # join: an invalid ./fdl.yml
     assert f"fdl.yml: error: {hostile.refusal(kind)}" in result.output
@@ -112,7 +94,7 @@ def test_status_never_waits_on_a_certificate_that_is_a_fifo(
     (tmp_path / "fdl.cluster.yml").write_text(json.dumps({"cluster": {"controller": controller}}))
     cluster = load_config(tmp_path / "fdl.cluster.yml").config.cluster  # valid: status reads its pin
     assert cluster is not None
-    with deadline(20):
+    with hostile.deadline(20):
         result = CliRunner().invoke(cli, ["status"], env={"HOME": str(tmp_path), "FDL_TLS_FINGERPRINT": None})
     assert result.exit_code == 1 and "internal error" not in result.output  # nobody answers on port 1
     with pytest.raises(
@@ -135,7 +117,7 @@ def test_a_file_flag_that_names_no_regular_file_is_a_usage_error_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], hint: str, kind: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    with odd_file(kind, tmp_path) as odd, deadline(20):
+    with odd_file(kind, tmp_path) as odd, hostile.deadline(20):
         result = CliRunner().invoke(cli, [a.replace("{odd}", str(odd)) for a in argv])
     assert result.exit_code == 2, result.output
     assert hint in result.output and f"is not a regular file ({KINDS[kind]})" in result.output
