@@ -58,7 +58,9 @@ facts = {
     "uid": os.getuid(),
     "metrics": str(Path(os.environ["FLODL_METRICS_FILE"]).parent) == str(plane),
 }
-Path(f"ready-{rank}.json").write_text(json.dumps(facts))
+# Written whole, then renamed: the test reads it as soon as it exists.
+Path(f"ready-{rank}.tmp").write_text(json.dumps(facts))
+os.replace(f"ready-{rank}.tmp", f"ready-{rank}.json")
 while not Path("GO").exists():  # the test's cue (it never comes when the run is to be stopped)
     time.sleep(0.05)
 sys.exit(3 if rank == 1 else 0)
