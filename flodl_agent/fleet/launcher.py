@@ -109,11 +109,15 @@ class OperatorStop:
             self._installed.remove(sig)
 
     def release(self) -> None:
-        """Every handler gone: the launch has ended."""
+        """Every handler gone: the launch has ended. After a hangup, a later one is ignored:
+        the shell's may come after the whole stop, and must not turn exit 129 into a kill."""
         self.remove()
         loop = asyncio.get_running_loop()
         while self._installed:
-            loop.remove_signal_handler(self._installed.pop())
+            sig = self._installed.pop()
+            loop.remove_signal_handler(sig)
+            if sig == self.signal:
+                signal.signal(sig, signal.SIG_IGN)
 
     def _stop(self, sig: signal.Signals) -> None:
         self.remove()

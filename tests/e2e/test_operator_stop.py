@@ -70,10 +70,18 @@ def walk_in(tmp_path: Path, port: int, **streams: Any) -> subprocess.Popen[str]:
 
 
 def stopped(
-    tmp_path: Path, port: int, sig: signal.Signals, *, target: int, until: Callable[[], bool], times: int = 1
+    tmp_path: Path,
+    port: int,
+    sig: signal.Signals,
+    *,
+    target: int,
+    until: Callable[[], bool],
+    times: int = 1,
+    late: bool = False,
 ) -> tuple[str, str, int]:
     """Launch on ``port`` of loopback, walk one box in, send ``sig`` (``times`` over) to the
-    launch once ``until`` holds; the launch's log, the walk-in's log, and the walk-in's exit code."""
+    launch once ``until`` holds, and once more after the walk-in has ended when ``late``;
+    the launch's log, the walk-in's log, and the walk-in's exit code."""
     launch = open_window(tmp_path, port, target)
     walker = None
     try:
@@ -82,9 +90,11 @@ def stopped(
         wait_for(until)
         for _ in range(times):
             launch.send_signal(sig)
+        walked = walker.wait(timeout=60)
+        if late:
+            launch.send_signal(sig)  # the launch has stopped the hosts: closing, or gone
         code = launch.wait(timeout=60)
         assert code == 128 + sig, launch.stderr.read() if launch.stderr else ""
-        walked = walker.wait(timeout=60)
         assert launch.stdout is not None and launch.stderr is not None and walker.stderr is not None
         report = json.loads(launch.stdout.read())
         assert (
@@ -140,10 +150,16 @@ def test_sigterm_while_the_window_is_open_is_the_operators_stop_too(tmp_path: Pa
     assert code == 1
 
 
-def test_sighup_a_dropped_ssh_session_is_the_operators_stop_and_the_verdict_is_kept(tmp_path: Path) -> None:
-    # A dropped session's hangup comes twice (the kernel's, then the shell's): one stop.
+@pytest.mark.parametrize("late", [False, True], ids=["together", "shell-hangup-after-the-stop"])
+def test_sighup_a_dropped_ssh_session_is_the_operators_stop_and_the_verdict_is_kept(
+    tmp_path: Path, late: bool
+) -> None:
+    # A dropped session's hangup comes twice (the kernel's, then the shell's), the second
+    # at once or once the stop is done: one stop, and exit 129 either way, never a kill.
     started, port = tmp_path / "started", free_port()
-    log, walk_in, code = stopped(tmp_path, port, signal.SIGHUP, target=1, until=started.exists, times=2)
+    log, walk_in, code = stopped(
+        tmp_path, port, signal.SIGHUP, target=1, until=started.exists, times=2 - late, late=late
+    )
     assert "SIGHUP: the operator stopped the launch; telling every host" in log
     assert "launch stopped by the operator (SIGHUP): exit 129" in log
     assert (
