@@ -33,7 +33,7 @@ def hangup_kept() -> Iterator[None]:
 
 
 async def stop_by(sig: signal.Signals) -> tuple[OperatorStop, Run, list[str]]:
-    run, said = Run(), []
+    run, said = Run(), list[str]()
     stop = OperatorStop(run, said.append)  # type: ignore[arg-type]
     stop.install()
     os.kill(os.getpid(), sig)
