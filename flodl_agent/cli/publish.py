@@ -82,7 +82,7 @@ def publish(
     cluster_file: Path | None,
     as_json: bool,
 ) -> None:
-    """Publish a run: fetch SPEC into the served tree, build it once as a gate, write its manifest.
+    """Publish a run: fetch SPEC, build it once as a gate, swap it in as the served tree.
 
     SPEC is file:///abs, rsync://[user@]host[:port]:/abs, or git+https|ssh|file://…#ref.
     Everything after `--` is the run's arguments. Flags default from the publish: block of
@@ -91,8 +91,10 @@ def publish(
     docker compose service, or with its arch variant (<path>/libtorch/<arch>). A published tree
     is self-contained: a symlink that leads out of the source, a bin outside the tree, or a
     publish directory inside the source is refused. A git SPEC is fetched shallow, that commit
-    alone (a commit id in full). Workers pick the run up on their next dial. Exit 0 published,
-    1 otherwise (nothing published).
+    alone (a commit id in full). The served tree changes in one step, once everything passed:
+    a refused or failed publish leaves the served run as it was, and says which run that is.
+    Workers pick the run up on their next dial. Exit 0 published, 1 otherwise (nothing
+    published, the served run unchanged).
     """
     from ..config import Publish
     from ..fleet.publish import PublishRequest
@@ -138,7 +140,7 @@ def publish(
         report = run_publish(request, log=log if not as_json else lambda _: None)
     except PublishError as exc:
         if as_json:
-            emit_json({"published": False, "error": exc.message, "fix": exc.fix})
+            emit_json({"published": False, "error": exc.message, "fix": exc.fix, "served": exc.unchanged})
         else:
             err.print(f"fdl publish: {exc.render()}", style="red", markup=False)
         raise SystemExit(1) from None

@@ -1,30 +1,46 @@
 """`fdl publish`: the controller is the authority over what a standing fleet runs.
 
-A source spec (``file://``, ``rsync://``, ``git+…#ref``) is fetched into
-``<served>/incoming``, checked (no symlink leads out of it: :mod:`.confine`),
-and mirrored into ``<served>/tree``, the one directory door B serves; a digest
-sidecar in ``sha256sum`` format is written at the tree's root
-(``.fdl-tree.sha256``: ``sha256sum -c`` checks a copy by hand); the build line
-runs once, as a gate, in a scratch copy (``<served>/gate``) with this box's own
-environment; and only then is the run manifest (``.fdl-run.yml``) written at the
-tree's root. A git source is fetched shallow, exactly the pinned ref, into
-``<served>/checkout``: no history and no other branch is ever beside the tree.
+A publish either replaces the served run whole or leaves it exactly as it was.
+In order:
 
-The manifest's presence is the commit point. Publish removes it before it
-touches the tree and writes it (atomically) only after the gate passed, so a
-box fetching mid-publish finds no manifest and re-dials, and a failed gate
-publishes nothing. Every publish mints a fresh run identity that rides each
-worker's hello: boxes that fetched across a publish boundary never form one
-world.
+1. Everything that needs no fetch is checked first: the spec against the served
+   directory, the text of ``cwd`` and ``bin`` (no absolute path, no ``..`` out),
+   ``<served>`` and ``<served>/tree`` being directories, where the gate builds.
+2. The source (``file://``, ``rsync://``, ``git+…#ref``) is fetched into
+   ``<served>/incoming`` and checked there: no symlink leads out of it
+   (:mod:`.confine`), ``cwd`` is one of its directories, ``bin`` is inside it. A
+   git source is fetched shallow, exactly the pinned ref, into
+   ``<served>/checkout``: no history and no other branch is ever beside the tree.
+3. The new tree is made in ``<served>/staging`` (a file the served tree holds
+   unchanged is hard-linked from it, not copied), with its digest sidecar
+   (``.fdl-tree.sha256``, ``sha256sum -c`` checks a copy by hand).
+4. The build line runs once, as a gate, in a scratch copy (``<served>/gate``)
+   with this box's own environment (and the model probe, with --model-probe).
+5. The run manifest (``.fdl-run.yml``) is written into the staging tree, its
+   last file, and the staging tree is swapped in at ``<served>/tree`` in one
+   rename (the commit point); the tree it replaced moves to ``<served>/previous``
+   and stays there until the next publish.
 
-The manifest and the digest are :mod:`.manifest`'s. Here: rsync, git, the gate.
+Until the swap nothing under ``<served>/tree`` changes, so a refused or failed
+publish leaves the served run as it was, and says which run that is. A box
+fetching across the swap reads the old tree whole: door B's rrsync has changed
+into the tree's directory, which the swap moves but never empties (a pull that
+mixes both is caught by the digest check on the box, which re-dials). Every
+publish mints a fresh run identity that rides each worker's hello: boxes that
+fetched across a publish boundary never form one world.
+
+The manifest and the digest are :mod:`.manifest`'s. Here: rsync, git, the gate, the swap.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import secrets
 import shlex
+import shutil
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,14 +51,22 @@ import yaml
 
 from ..agent.containers import ComposeError, run_in_service
 from ..sources.build import Build, entry_command, rank_path, run_build
-from ..sources.confine import describe_links, entry_outside, escaping_links, overlapping
+from ..sources.confine import describe_links, entry_outside, escaping_links, overlapping, path_outside
 from ..sources.fetch import CHECKOUT, fetch_git, mirror, pinned_ssh
-from ..sources.manifest import DIGEST_FILE, MANIFEST, Manifest, PublishError, digest_lines, digest_of
+from ..sources.manifest import (
+    DIGEST_FILE,
+    MANIFEST,
+    Manifest,
+    PublishError,
+    digest_lines,
+    digest_of,
+    read_manifest,
+)
 from ..sources.spec import SourceSpec
 from ..train.signature import ProbeFailed, probe_model
 
-# <served>: tree/ is door B's root; the rest is the publish's own scratch, outside what any key reads.
-TREE, GATE, INCOMING = "tree", "gate", "incoming"
+# <served>: tree/ is door B's root; the rest is the publish's own, outside what any key reads.
+TREE, GATE, INCOMING, STAGING, PREVIOUS = "tree", "gate", "incoming", "staging", "previous"
 
 
 @dataclass(frozen=True)
@@ -103,7 +127,7 @@ def _self_contained(incoming: Path) -> None:
         raise PublishError(
             f"the source holds {len(links)} symlink(s) that lead out of it: {describe_links(links)}",
             "a published tree is self-contained (door B serves nothing outside it): replace each link "
-            "with what it names, or point it inside the tree; nothing was published",
+            "with what it names, or point it inside the tree",
         )
 
 
@@ -112,7 +136,60 @@ def _confined_bin(root: Path, request: PublishRequest) -> None:
     if why is not None:
         raise PublishError(
             f"bin: {request.bin} {why} (cwd {request.cwd})",
-            "bin names the entry point inside the tree, relative to cwd; nothing was published",
+            "bin names the entry point inside the tree, relative to cwd",
+        )
+
+
+def _checked_served(served: Path) -> None:
+    """The served directory is one, and its tree/ a directory of its own (not a link elsewhere):
+    the swap replaces that path, and door B names it."""
+    if served.exists() and not served.is_dir():
+        raise PublishError(
+            f"--to: {served} is not a directory", "name the publish directory (--to, publish.to)"
+        )
+    tree = served / TREE
+    if tree.is_symlink() or (tree.exists() and not tree.is_dir()):
+        raise PublishError(
+            f"--to: {tree} is not a directory of its own (a link or a file)",
+            f"move it aside: publish makes {tree} itself, the path door B serves",
+        )
+
+
+def _checked(request: PublishRequest) -> _Where:
+    """Everything a publish can check before it fetches; where the gate builds."""
+    spec, served = request.source, request.served
+    if spec.scheme == "file" and overlapping(Path(spec.path), served):
+        raise PublishError(
+            f"the served directory {served} and the source {spec} hold one another: every publish "
+            "would copy the tree into itself",
+            "serve from a directory outside the source (--to, publish.to; the default is ~/.flodl/run)",
+        )
+    if why := path_outside(request.cwd):
+        raise PublishError(f"cwd: {request.cwd} {why}", "cwd is a path inside the tree, not on this box")
+    if request.bin and (why := path_outside(str(Path(request.cwd) / request.bin))):
+        raise PublishError(
+            f"bin: {request.bin} {why} (cwd {request.cwd})",
+            "bin names the entry point inside the tree, relative to cwd",
+        )
+    if request.model_probe and not request.bin:
+        raise PublishError("--model-probe needs the entry point", "name it with --bin (or publish.bin)")
+    _checked_served(served)
+    return _where(request)
+
+
+def _runnable(root: Path, request: PublishRequest) -> None:
+    """The fetched tree holds cwd, and bin too when no build is to make it."""
+    cwd = root / request.cwd
+    if not cwd.is_dir() or not cwd.resolve().is_relative_to(root.resolve()):
+        raise PublishError(
+            f"cwd: {request.cwd} names no directory in the fetched source",
+            "cwd is a path inside the tree, not on this box",
+        )
+    built = request.build is not None and not request.no_build
+    if not built and request.bin and not (cwd / request.bin).exists():
+        raise PublishError(
+            f"bin: {request.bin} is not in the fetched source (looked in {request.cwd}/)",
+            "name the entry point relative to cwd, or give --build to produce it",
         )
 
 
@@ -144,7 +221,7 @@ def _in_service(
     try:
         return run_in_service(service, command, workdir, mounts, env, DOCKER_FIELD, timeout)
     except ComposeError as exc:
-        raise PublishError(f"{exc.message}; nothing was published", exc.fix) from None
+        raise PublishError(exc.message, exc.fix) from None
 
 
 def _where(request: PublishRequest) -> _Where:
@@ -165,9 +242,10 @@ def _where(request: PublishRequest) -> _Where:
     return _Where(rank_path(), sys.executable, _GATE_ENV)
 
 
-def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tuple[str, str | None]:
+def _gate(
+    request: PublishRequest, tree: Path, where: _Where, log: Callable[[str], None]
+) -> tuple[str, str | None]:
     """Build (and probe) once in a scratch copy of the tree; the build's output and the signature."""
-    where = _where(request)
     gate = request.served / GATE
     gate.mkdir(parents=True, exist_ok=True)
     mirror(str(tree), gate)
@@ -178,9 +256,7 @@ def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tu
         log(f"gate: {request.build}  ({place}in {workdir})")
         build = where.build(request.build, workdir, gate)
         if build.returncode != 0:
-            raise PublishError(
-                build.failure(f" in {request.cwd}"), "fix the build and publish again; nothing was published"
-            )
+            raise PublishError(build.failure(f" in {request.cwd}"), "fix the build and publish again")
         output = build.output
         _confined_bin(gate, request)  # again: the build may have made a directory link on the way
         entry = workdir / request.bin if request.bin else None
@@ -189,10 +265,8 @@ def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tu
                 f"the build succeeded but bin: {request.bin} is not there (looked in {request.cwd}/)",
                 "bin is relative to cwd: point it at what the build produces",
             )
-    if not request.model_probe:
+    if not request.model_probe or not request.bin:  # _checked refused a probe without a bin
         return output, None
-    if not request.bin:
-        raise PublishError("--model-probe needs the entry point", "name it with --bin (or publish.bin)")
     command = entry_command(workdir / request.bin, request.args, where.python)
     log(f"model probe: {shlex.join(command)}")
     try:
@@ -212,49 +286,155 @@ def _gate(request: PublishRequest, tree: Path, log: Callable[[str], None]) -> tu
             sig = probe_model(command, workdir, where.env, run=run, scratch=gate)
     except ProbeFailed as exc:
         raise PublishError(
-            f"{exc}; nothing was published",
+            str(exc),
             "the entry must build its model through flodl_agent.train.Trainer (or call "
             "flodl_agent.train.answer_probe(model) once built); or publish without --model-probe",
         ) from None
     return output, sig
 
 
+def _remove(path: Path) -> None:
+    """Remove a tree of ours, read-only directories too (rsync -a keeps a source's modes)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        shutil.rmtree(path)
+    except PermissionError:
+        for root, dirs, _ in os.walk(path):
+            for name in dirs:
+                child = Path(root, name)
+                if not child.is_symlink():
+                    child.chmod(child.stat().st_mode | stat.S_IRWXU)
+        shutil.rmtree(path)
+
+
+def _stage(served: Path, incoming: Path) -> Path:
+    """The new tree, beside the served one: a copy of the fetched source in which each file the
+    served tree holds unchanged is a hard link to it. Nothing writes a file of it in place (the
+    gate builds in its own copy; the manifest and sidecar are new files), so the links never
+    change a file the served tree holds."""
+    staging, tree = served / STAGING, served / TREE
+    _remove(staging)  # a publish cut short left it; it was never served
+    mirror(str(incoming), staging, link_dest=tree if tree.is_dir() else None)
+    if tree.is_dir():  # the role made tree/ with an owner and mode door B reads through: keep them
+        was = tree.stat()
+        staging.chmod(stat.S_IMODE(was.st_mode))
+        now = staging.stat()
+        if (now.st_uid, now.st_gid) != (was.st_uid, was.st_gid):
+            try:
+                os.chown(staging, was.st_uid, was.st_gid)
+            except PermissionError:
+                raise PublishError(
+                    f"--to: {tree} belongs to uid {was.st_uid} (gid {was.st_gid}), and this user cannot "
+                    "hand the new tree to them",
+                    "publish as the tree's owner (for the role's: sudo -u flodl fdl publish), or as root",
+                ) from None
+    return staging
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+# renameat2 answers these where the kernel, the filesystem (NFS) or a system-call filter has no
+# RENAME_EXCHANGE: the swap falls back to two renames.
+_NO_EXCHANGE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM})
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2, RENAME_EXCHANGE); False where this box cannot."""
+    try:
+        import ctypes  # here: its import fails where writable code is refused (MemoryDenyWriteExecute)
+
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (ImportError, MemoryError, OSError, AttributeError):  # not glibc 2.28+, not Linux
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _NO_EXCHANGE:
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+def _swap(served: Path, staging: Path, log: Callable[[str], None]) -> None:
+    """Put ``staging`` at ``<served>/tree`` (the commit point); the tree it replaces becomes
+    ``<served>/previous``.
+
+    The served path stays the one door B names, and the directory it replaced is moved, not
+    emptied: a pull that already changed into it (rrsync does, before it reads a file) reads the
+    old run whole. It stays until the next publish, so a pull has a whole publish's time to end.
+    """
+    tree, previous = served / TREE, served / PREVIOUS
+    _remove(previous)
+    if not tree.is_dir():
+        staging.rename(tree)  # the first publish: nothing was served
+    elif _exchange(staging, tree):
+        try:
+            staging.rename(previous)
+        except OSError as exc:  # committed already: the next publish removes what is left
+            log(f"note: the replaced tree stays at {staging}: {exc.strerror}")
+    else:
+        # Two renames: between them no tree at all, which a fetch meets as nothing served and
+        # re-dials; never a tree of two runs.
+        tree.rename(previous)
+        try:
+            staging.rename(tree)
+        except OSError:
+            previous.rename(tree)  # the served run back, unchanged
+            raise
+
+
+def _served_run(tree: Path) -> str:
+    """The run ``tree`` serves now, as a refusal names it."""
+    try:
+        manifest = read_manifest(tree)
+    except PublishError:
+        return f"{tree / MANIFEST} holds no valid run manifest"
+    except OSError as exc:
+        return f"{tree} cannot be read ({exc.strerror})"
+    if manifest is None:
+        return "nothing is served"
+    return f"run {manifest.run} ({manifest.origin}, published {manifest.published})"
+
+
+def _unchanged(exc: PublishError, request: PublishRequest, served: str) -> PublishError:
+    """``exc`` saying the served run is as it was; the staging tree it left goes (never served)."""
+    with contextlib.suppress(OSError):
+        _remove(request.served / STAGING)
+    exc.unchanged = served
+    return exc
+
+
 def publish(request: PublishRequest, log: Callable[[str], None] = lambda _: None) -> PublishReport:
-    """Fetch, check, digest, gate, then commit the manifest. Raises PublishError (nothing published)."""
-    served = request.served
-    spec = request.source
-    if spec.scheme == "file" and overlapping(Path(spec.path), served):
-        raise PublishError(
-            f"the served directory {served} and the source {spec} hold one another: every publish "
-            "would copy the tree into itself",
-            "serve from a directory outside the source (--to, publish.to; the default is ~/.flodl/run)",
+    """Check, fetch, stage, gate, then swap the new tree in. Raises PublishError: nothing was
+    published, and the served run is as it was (the error says which it is)."""
+    served = _served_run(request.served / TREE)
+    try:
+        return _publish(request, log)
+    except PublishError as exc:
+        raise _unchanged(exc, request, served) from None
+    except OSError as exc:
+        failed = PublishError(
+            f"{exc.filename or request.served}: {exc.strerror or exc}",
+            f"check that this user can write {request.served} (--to, publish.to) and that it has room",
         )
-    tree = served / TREE
-    tree.mkdir(parents=True, exist_ok=True)
-    # The commit point goes first: from here until the end, a box that fetches finds no run.
-    (tree / MANIFEST).unlink(missing_ok=True)
-    log(f"fetching {request.source} into {tree}")
+        raise _unchanged(failed, request, served) from None
+
+
+def _publish(request: PublishRequest, log: Callable[[str], None]) -> PublishReport:
+    served, tree = request.served, request.served / TREE
+    where = _checked(request)  # before anything under <served> changes
     incoming = served / INCOMING
-    incoming.mkdir(exist_ok=True)
+    incoming.mkdir(parents=True, exist_ok=True)
+    log(f"fetching {request.source} into {incoming}")
     origin = _fetch(request, incoming)
     _self_contained(incoming)  # before any of it reaches the door
     _confined_bin(incoming, request)
-    mirror(str(incoming), tree)
-    cwd = tree / request.cwd
-    if not cwd.is_dir() or not cwd.resolve().is_relative_to(tree.resolve()):
-        raise PublishError(
-            f"cwd: {request.cwd} names no directory in the fetched source",
-            "cwd is a path inside the tree, not on this box",
-        )
-    lines = digest_lines(tree)
-    (tree / DIGEST_FILE).write_text(lines)
+    _runnable(incoming, request)
+    staging = _stage(served, incoming)
+    lines = digest_lines(staging)
+    (staging / DIGEST_FILE).write_text(lines)
     built = request.build is not None and not request.no_build
-    if not built and request.bin and not (cwd / request.bin).exists():
-        raise PublishError(
-            f"bin: {request.bin} is not in the fetched source (looked in {request.cwd}/)",
-            "name the entry point relative to cwd, or give --build to produce it",
-        )
-    output, sig = _gate(request, tree, log) if built or request.model_probe else ("", None)
+    output, sig = _gate(request, staging, where, log) if built or request.model_probe else ("", None)
     manifest = Manifest(
         run=secrets.token_hex(16),
         cwd=request.cwd,
@@ -268,7 +448,6 @@ def publish(request: PublishRequest, log: Callable[[str], None] = lambda _: None
         model_probe=sig is not None,
         model_sig=sig,
     )
-    staged = served / f".{MANIFEST}.tmp"  # beside the tree, same filesystem: the rename is atomic
-    staged.write_text(yaml.safe_dump(manifest.model_dump(), sort_keys=False))
-    staged.replace(tree / MANIFEST)  # the commit point
+    (staging / MANIFEST).write_text(yaml.safe_dump(manifest.model_dump(), sort_keys=False))  # its last file
+    _swap(served, staging, log)  # the commit point
     return PublishReport(tree, manifest, lines.count("\n"), output)

@@ -11,8 +11,10 @@ manifest names, so three rules keep both inside the tree:
   component may be a link a build made, such as a venv's ``python``);
 - a ``file://`` source and the served directory do not hold one another.
 
-The publish checks all three before anything lands in the served tree; the
-worker checks the entry point again, since its manifest came over the network.
+The publish checks the text of ``cwd`` and ``bin`` before it fetches anything
+(:func:`path_outside`), the links and the way to the entry once the fetch is
+in, and all of it before anything lands in the served tree; the worker checks
+the entry point again, since its manifest came over the network.
 """
 
 from __future__ import annotations
@@ -54,13 +56,21 @@ def describe_links(links: list[tuple[str, str]]) -> str:
     return shown + (f" (and {len(links) - SHOWN} more)" if len(links) > SHOWN else "")
 
 
-def entry_outside(root: Path, cwd: str, entry: str) -> str | None:
-    """Why ``cwd/entry`` does not name a path inside ``root`` (None: it does)."""
-    if Path(entry).is_absolute():
+def path_outside(path: str) -> str | None:
+    """Why ``path`` leads out of a tree by its text alone, before any tree is there to look
+    at (None: it stays inside, unless a directory link on the way leads out)."""
+    if Path(path).is_absolute():
         return "is an absolute path"
-    named = posixpath.normpath(posixpath.join(cwd, entry))
+    named = posixpath.normpath(path)
     if named == ".." or named.startswith("../"):
         return "leads out of the tree"
+    return None
+
+
+def entry_outside(root: Path, cwd: str, entry: str) -> str | None:
+    """Why ``cwd/entry`` does not name a path inside ``root`` (None: it does)."""
+    if why := path_outside(posixpath.join(cwd, entry)):
+        return why
     # resolve() follows each link before the `..` after it, as the kernel does.
     if not _inside(root / cwd / Path(entry).parent, root.resolve()):
         return "leads out of the tree through a symlink"

@@ -61,20 +61,27 @@ def _run(
 
 
 def mirror_argv(
-    source: str, tree: Path, rsh: list[str] | None = None, excludes: tuple[str, ...] = EXCLUDES
+    source: str,
+    tree: Path,
+    rsh: list[str] | None = None,
+    excludes: tuple[str, ...] = EXCLUDES,
+    link_dest: Path | None = None,
 ) -> list[str]:
-    """rsync making ``tree`` a copy of ``source`` (deletions too; ``rsh``: over ssh)."""
+    """rsync making ``tree`` a copy of ``source`` (deletions too; ``rsh``: over ssh; a file
+    that ``link_dest`` holds unchanged is hard-linked from there, not copied)."""
     # --checksum: size and mtime miss an edit of the same length within the same second
     # (a git checkout, an editor's quick save), and a stale file would publish as new.
     argv = ["rsync", "-a", "--checksum", "--delete", *(f"--exclude={e}" for e in excludes)]
+    if link_dest is not None:
+        argv.append(f"--link-dest={link_dest.absolute()}")  # relative, rsync reads it from tree
     if rsh is not None:
         argv += ["-e", shlex.join(rsh)]
     return [*argv, source.rstrip("/") + "/", f"{tree}/"]
 
 
-def mirror(source: str, tree: Path, rsh: list[str] | None = None) -> None:
+def mirror(source: str, tree: Path, rsh: list[str] | None = None, link_dest: Path | None = None) -> None:
     _run(
-        mirror_argv(source, tree, rsh),
+        mirror_argv(source, tree, rsh, link_dest=link_dest),
         f"fetching {source}",
         "check the path exists and this box can read it (for rsync://: the ssh key and the host key pin)",
     )

@@ -25,9 +25,16 @@ SKIP_DIRS = frozenset(
 
 
 class PublishError(Failure):
-    """A publish that did not happen (nothing was published: no manifest is in the tree)."""
+    """A publish that did not happen, or a fetch of one that failed on a worker."""
 
     output = ""  # the failed tool's whole stderr (the message keeps its last lines): for classifying it
+    unchanged = ""  # a refused publish: the run the served tree still serves, as the refusal says it
+
+    def render(self) -> str:
+        said = self.message
+        if self.unchanged:
+            said += f"\n    nothing was published; the served run is unchanged: {self.unchanged}"
+        return f"{said}\n    fix: {self.fix}" if self.fix else said
 
 
 class Manifest(BaseModel):

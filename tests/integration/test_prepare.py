@@ -314,7 +314,7 @@ async def second_refused(
     return refused
 
 
-def test_a_box_dialling_while_the_gate_builds_finds_no_run_then_the_new_one(tmp_path: Path) -> None:
+def test_a_box_dialling_while_the_gate_builds_runs_the_old_run_whole_then_the_new_one(tmp_path: Path) -> None:
     import os
     import threading
 
@@ -324,6 +324,7 @@ def test_a_box_dialling_while_the_gate_builds_finds_no_run_then_the_new_one(tmp_
     gate = tmp_path / "gate.fifo"
     os.mkfifo(gate)
     src = tmp_path / "src"
+    (src / "pkg" / "train.py").write_text(TRAIN + "# the next version\n")
     request = PublishRequest(
         parse_source(f"file://{src}"),
         served,
@@ -335,14 +336,15 @@ def test_a_box_dialling_while_the_gate_builds_finds_no_run_then_the_new_one(tmp_
     worker = threading.Thread(target=lambda: done.append(publish(request)))
     worker.start()
     with gate.open("w") as held:  # opening returns once the gate's build is reading: mid-publish
-        wait = failure(lambda: prepare(source(served), stage))
-        assert wait.code == TRANSIENT and "no run manifest" in wait.message
+        mid = prepare(source(served), stage)  # the served tree is untouched until the swap
+        assert mid.run == before.run and (mid.cwd / "train.py").read_text() == TRAIN
         held.write("go\n")
     gate.unlink()  # this box's own build of the run must not wait on it
     worker.join(timeout=60)
     assert done, "the publish did not finish"
     after = prepare(source(served), stage)
     assert after.run != before.run and after.run == read_manifest(served / "tree").run  # type: ignore[union-attr]
+    assert (after.cwd / "train.py").read_text().endswith("# the next version\n")
 
 
 def fuse_usable() -> bool:
@@ -451,7 +453,7 @@ def test_publish_probes_the_model_and_refuses_an_entry_that_cannot_answer(
     with pytest.raises(PublishError, match="without answering the model probe") as refused:
         publish(plain)
     assert "answer_probe" in refused.value.fix
-    assert read_manifest(request.served / "tree") is None  # nothing published
+    assert read_manifest(request.served / "tree") == report.manifest  # nothing published: the run stands
     _, nameless = probed(tmp_path, model_probe=True)
     with pytest.raises(PublishError, match="--model-probe needs the entry point"):
         publish(replace(nameless, bin=None))

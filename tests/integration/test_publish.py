@@ -32,6 +32,11 @@ def project(root: Path) -> Path:
     return root
 
 
+def snapshot(tree: Path) -> dict[str, bytes]:
+    """Every file of ``tree`` and its bytes: what a box fetching it would get."""
+    return {p.relative_to(tree).as_posix(): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file()}
+
+
 def request(spec: str, served: Path, **kw: object) -> PublishRequest:
     return PublishRequest(source=parse_source(spec), served=served, **kw)  # type: ignore[arg-type]
 
@@ -71,25 +76,28 @@ def test_a_file_source_is_mirrored_digested_gated_and_committed(tmp_path: Path) 
     assert again.manifest.built is False and again.manifest.args == []
 
 
-def test_a_failed_gate_publishes_nothing_and_clears_the_previous_run(tmp_path: Path) -> None:
+def test_a_failed_gate_leaves_the_served_run_as_it_was_and_says_so(tmp_path: Path) -> None:
     src, served = project(tmp_path / "src"), tmp_path / "served"
-    publish(request(f"file://{src}", served))
-    assert read_manifest(served / "tree") is not None
+    first = publish(request(f"file://{src}", served))
+    before = snapshot(served / "tree")
+    (src / "README").write_text("the next version\n")
     with pytest.raises(PublishError) as caught:
         publish(
             request(f"file://{src}", served, build="echo compiling; echo 'error: no such crate' >&2; exit 3")
         )
     assert "the source does not build" in caught.value.message and "exited 3" in caught.value.message
     assert "| error: no such crate" in caught.value.message
-    # The manifest went first: a box dialling now finds no run, rather than the previous one's.
-    assert read_manifest(served / "tree") is None
+    # A box dialling now still finds the run it had: every byte and file of it, and the error says which.
+    assert snapshot(served / "tree") == before
+    assert f"the served run is unchanged: run {first.manifest.run} (file://{src}" in caught.value.render()
+    assert not (served / "staging").exists()
 
 
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
         ({"cwd": "nowhere"}, "cwd: nowhere names no directory in the fetched source"),
-        ({"cwd": "../.."}, "names no directory in the fetched source"),
+        ({"cwd": "../.."}, "cwd: ../.. leads out of the tree"),
         ({"cwd": "pkg", "bin": "train", "build": "true"}, "the build succeeded but bin: train is not there"),
         ({"cwd": "pkg", "bin": "missing.py"}, "bin: missing.py is not in the fetched source"),
     ],
@@ -207,7 +215,7 @@ def test_a_source_whose_links_leave_it_publishes_nothing(
     assert "symlink(s) that lead out of it" in caught.value.message and named in caught.value.message
     assert "self-contained" in caught.value.fix
     # Refused before the door could serve any of it.
-    assert list((served / "tree").iterdir()) == [] and read_manifest(served / "tree") is None
+    assert not (served / "tree").exists()
 
 
 def test_links_inside_the_tree_are_published_as_links(tmp_path: Path) -> None:
@@ -258,9 +266,10 @@ def test_an_rsync_source_comes_over_ssh_with_the_host_key_pinned(tmp_path: Path,
     sshd.known_hosts.write_text(
         f"[127.0.0.1]:{sshd.port} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI" + "A" * 43 + "\n"
     )
-    with pytest.raises(PublishError, match="fetching"):
+    before = snapshot(served / "tree")
+    with pytest.raises(PublishError, match="fetching") as caught:
         publish(req)
-    assert read_manifest(served / "tree") is None
+    assert snapshot(served / "tree") == before and "the served run is unchanged: run" in caught.value.render()
 
 
 def test_the_cli_takes_defaults_from_the_publish_block_and_a_dash_tail_replaces_args(tmp_path: Path) -> None:

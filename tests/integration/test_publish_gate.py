@@ -106,8 +106,9 @@ def test_docker_builds_and_probes_in_the_compose_service(tmp_path: Path, service
     # The build's own exit code decides (podman-compose 1.0.3's run exits 0 either way).
     failed = publish(src, served, cluster, "--build", "echo broken; exit 3")
     assert failed.exit_code == 1
-    assert "`echo broken; exit 3` exited 3" in json.loads(failed.output)["error"]
-    assert read_manifest(served / "tree") is None
+    said = json.loads(failed.output)
+    assert "`echo broken; exit 3` exited 3" in said["error"]
+    assert read_manifest(served / "tree") == manifest and said["served"].startswith(f"run {manifest.run} (")
     assert kit.containers(f"flodl.gate={gate}") == []
 
 
