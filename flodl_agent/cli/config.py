@@ -27,7 +27,7 @@ def config() -> None:
 @base_opt
 @json_opt
 def config_check(file: Path, base: Path | None, as_json: bool) -> None:
-    """Validate FILE. Exit 0 valid, 1 invalid; warnings go to stderr."""
+    """Validate FILE (- reads stdin). Exit 0 valid, 1 invalid; warnings go to stderr."""
     loaded = load(file, base, as_json)
     if as_json:
         emit_json({"valid": True, "errors": [], "warnings": [w.as_dict() for w in loaded.warnings]})

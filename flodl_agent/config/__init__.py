@@ -16,7 +16,7 @@ from .builder import ClusterBuilder
 from .devices import DeviceOffer, parse_devices
 from .models import Cluster, Controller, FdlConfig, Join, JoinWindow, Publish, Ssh, Worker
 from .problems import ConfigError, Problem, format_path
-from .source import Document, deep_merge, overlay, parse_yaml, read_yaml
+from .source import STDIN, Document, deep_merge, overlay, parse_yaml, read_yaml, shown_name
 from .validate import validate_data, validate_document, warnings_for
 
 
@@ -28,6 +28,9 @@ class Loaded:
 
 
 def load_document(path: Path, base: Path | None = None) -> Document:
+    if base is not None and STDIN == str(path) == str(base):
+        fix = "pipe in one of them; name the other by path"
+        raise ConfigError([Problem((), "FILE and --base both name stdin (-)", fix)])
     doc = read_yaml(path)
     if base is not None:
         doc = overlay(read_yaml(base), doc)
@@ -41,7 +44,7 @@ def load_config(path: Path, base: Path | None = None) -> Loaded:
     """
     doc = load_document(path, base)
     config = validate_document(doc)
-    files = [str(p) for p in (base, path) if p is not None]
+    files = [shown_name(p) for p in (base, path) if p is not None]
     return Loaded(config, [doc.locate(w) for w in warnings_for(config)], files)
 
 

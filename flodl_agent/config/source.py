@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,10 +281,26 @@ NOT_REGULAR_FIX = (
 )
 
 
+STDIN, STDIN_NAME = "-", "<stdin>"  # a config FILE of `-` is standard input (./- names a file so called)
+
+
+def shown_name(path: Path) -> str:
+    """How a config's problems name where it came from."""
+    return STDIN_NAME if str(path) == STDIN else str(path)
+
+
+def _read_stdin() -> bytes:
+    """Up to MAX_BYTES + 1 bytes of stdin, to its end: a pipe, a here-doc, a redirected file."""
+    if sys.stdin is None:  # fd 0 closed (`<&-`)
+        return b""
+    return sys.stdin.buffer.read(MAX_BYTES + 1)
+
+
 def read_yaml(path: Path) -> Document:
-    name = str(path)
+    name = shown_name(path)
     try:
-        raw = read_bounded(path, MAX_BYTES)  # never slurp a huge file to refuse it
+        # never slurp a huge file (or an endless stdin) to refuse it
+        raw = _read_stdin() if str(path) == STDIN else read_bounded(path, MAX_BYTES)
     except FileNotFoundError:
         raise ConfigError([Problem((), "no such file", "check the path", file=name)]) from None
     except NotRegular as exc:

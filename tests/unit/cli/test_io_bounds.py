@@ -142,6 +142,22 @@ def test_an_endless_stdin_is_read_one_bounded_line_then_refused(
     assert said in result.output
 
 
+@pytest.mark.parametrize("command", ["check", "show"])
+def test_a_config_file_of_dash_is_stdin_read_to_its_end_or_its_bound(command: str) -> None:
+    lab = CliRunner().invoke(cli, ["config", "example", "lab"]).output
+    piped = CliRunner().invoke(cli, ["config", command, "-"], input=lab)
+    assert piped.exit_code == 0, piped.output
+    said = "ok: <stdin>: cluster with 2 workers" if command == "check" else "controller 10.89.0.10"
+    assert said in piped.output
+    broken = CliRunner().invoke(cli, ["config", command, "-"], input="cluster: [\n")
+    assert broken.exit_code == 1 and "<stdin>:2: error: not valid YAML" in broken.output
+    stdin = hostile.Endless(cap=MAX_BYTES + (2 << 20))  # read past the bound and the test fails
+    endless = CliRunner().invoke(cli, ["config", command, "-"], input=io.BufferedReader(stdin))
+    assert endless.exit_code == 1 and "<stdin>: error: file is larger than 4096 KiB" in endless.output
+    both = CliRunner().invoke(cli, ["config", command, "-", "--base", "-"], input=lab)
+    assert both.exit_code == 1 and "FILE and --base both name stdin (-)" in both.output
+
+
 class Full(io.StringIO):
     """A stream on a full disk: every write and flush fails with ENOSPC."""
 
