@@ -119,7 +119,8 @@ def _show(state: dict[str, Any], as_json: bool, lines: bool) -> None:
     "--watch",
     is_flag=True,
     help="Refresh every second until the run ends: in place on a terminal; otherwise one plain "
-    "rendering per refresh (with --json, one JSON document a line).",
+    "rendering per refresh (with --json, one JSON document a line). Started before the launch, "
+    "it waits for the window to open.",
 )
 def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> None:
     """Show the controller's phase, countdowns, roster and every rank's progress.
@@ -133,7 +134,7 @@ def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> Non
     if note and not as_json:
         err.print(f"note: {note}", style="dim", markup=False)
     try:
-        state = request(where, "GET", "/state.json", pin=pinned).body
+        state = _first_state(where, pinned, watch)
     except Unreachable as exc:
         _gone(where, exc, as_json, lines=watch)
     if not watch:
@@ -142,6 +143,27 @@ def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> Non
         _live(where, pinned, state)
     else:
         _refreshes(where, pinned, state, as_json)
+
+
+def _first_state(where: str, pinned: str | None, watch: bool) -> dict[str, Any]:
+    """The controller's state. A watch started before the launch (the natural order) waits,
+    saying so once, for a controller to listen; anything else that fails ends it as ever."""
+    said = False
+    while True:
+        try:
+            return request(where, "GET", "/state.json", pin=pinned).body
+        except Unreachable as exc:
+            if not (watch and exc.nobody):
+                raise
+            if not said:
+                err.print(
+                    f"fdl status: no controller at {where} yet: waiting for a launch to open its "
+                    "window (Ctrl-C stops)",
+                    style="dim",
+                    markup=False,
+                )
+                said = True
+        time.sleep(1.0)  # the refresh interval of a watch
 
 
 def _refreshes(where: str, pinned: str | None, state: dict[str, Any], as_json: bool) -> None:

@@ -37,7 +37,11 @@ PHASE_STYLE = {
 
 
 class Unreachable(Exception):
-    pass
+    """No controller's state came back; ``nobody``: nothing listens at the address (yet)."""
+
+    def __init__(self, message: str, nobody: bool = False) -> None:
+        super().__init__(message)
+        self.nobody = nobody
 
 
 TLS_HOW = "--tls-fingerprint or FDL_TLS_FINGERPRINT; `fdl tls fingerprint CERT` on the controller prints it"
@@ -91,7 +95,9 @@ def request(
             raise Unreachable(
                 f"the controller at {addr} rate-limits this address after bad requests (a wrong token?): wait"
             ) from None
-        raise Unreachable(f"no controller answers at {addr} ({exc})") from None
+        raise Unreachable(
+            f"no controller answers at {addr} ({exc})", nobody=isinstance(exc, ConnectionRefusedError)
+        ) from None
     finally:
         conn.close()
     try:

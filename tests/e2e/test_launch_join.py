@@ -519,3 +519,37 @@ def test_a_reader_that_leaves_early_is_no_failure_and_a_piped_watch_refreshes(tm
     # Nobody answers now: the command's own exit (1) stands, however early its reader left.
     after = closed_stdout("status", cwd=tmp_path, env=env)
     assert after.returncode == 1 and clean(after) and "no controller answers" in after.stderr
+
+
+def test_a_watch_started_before_the_launch_waits_for_the_window_then_follows_the_run(tmp_path: Path) -> None:
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=1, target_ranks=1, join_timeout=60, max_join_timeout=120)
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    watch = subprocess.Popen(
+        ["fdl", "status", "--watch", "--json"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    launch = None
+    try:
+        assert watch.stderr is not None and watch.stdout is not None
+        said = watch.stderr.readline()  # said once it found nobody there: only then the launch
+        assert f"no controller at 127.0.0.1:{port} yet: waiting for a launch to open its window" in said
+        launch = subprocess.Popen(
+            ["fdl", "launch", "--", sys.executable, "-c", "pass"], cwd=tmp_path, env=env,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        first = json.loads(watch.stdout.readline())
+        assert first["phase"] == "waiting"
+        joined = fdl("join", f"127.0.0.1:{port}", "--devices", "cpu:1", cwd=tmp_path, env=env, timeout=90)
+        assert joined.returncode == 0, joined.stderr
+        rest = [json.loads(line) for line in watch.stdout]
+        assert watch.wait(timeout=30) == 0 and rest[-1]["phase"] == "done"
+        assert launch.wait(timeout=30) == 0
+    finally:
+        for proc in (watch, launch):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    # Without --watch, nobody there is the answer at once, as ever.
+    plain = fdl("status", "--addr", f"127.0.0.1:{free_port()}", cwd=tmp_path, env=env)
+    assert plain.returncode == 1 and "no controller answers" in plain.stderr and "waiting" not in plain.stderr
