@@ -17,7 +17,7 @@ from ..config import Cluster
 from .common import FilePath, emit_json, err, json_opt, load, out
 
 if TYPE_CHECKING:
-    from ..placement import FleetSpec, ParallelismSpec, Plan
+    from ..placement import FleetSpec, ParallelismSpec, PlacementError, Plan
 
 
 def fleet_of_cluster(cluster: Cluster | None, path: Path, role: str) -> tuple[int, int]:
@@ -83,7 +83,9 @@ def _fleet_from_ray(address: str, wanted: int | None, segment_size: int | None) 
     "--expert", type=click.IntRange(min=1), default=1, show_default=True, help="Expert-parallel size."
 )
 @click.option(
-    "--role", type=click.Choice(["trainer", "inference", "sandbox"]), help="Fleet role (default: env)."
+    "--role",
+    type=click.Choice(["trainer", "inference", "sandbox"]),
+    help="Fleet role (default: DOCKYARD_FLEET_ROLE, else trainer for a fleet given by flags).",
 )
 @click.option("--nodes", type=click.IntRange(min=1), help="Node count.")
 @click.option("--gpus-per-node", type=click.IntRange(min=0), help="GPUs per node.")
@@ -116,19 +118,23 @@ def plan(
 ) -> None:
     """Check a parallelism request against a fleet before anything is claimed.
 
-    The fleet comes from flags, a cluster file's workers (--config), or the
-    DOCKYARD_* environment a container declares. Exit 0 when it can be placed,
-    1 with the arithmetic when it cannot.
+    The fleet comes from flags, a cluster file's workers (--config), a live Ray
+    cluster (--ray), or else the DOCKYARD_* environment a container declares. A
+    fleet given so is a trainer fleet unless --role (or DOCKYARD_FLEET_ROLE) says
+    otherwise. Exit 0 when it can be placed, 1 with the arithmetic when it cannot.
     """
     from dataclasses import replace
 
     from ..placement import FleetSpec, ParallelismSpec, PlacementError, preflight
 
     try:
-        env, segments = _fleet_env(
+        env, segments, flags = _fleet_env(
             role, nodes, gpus_per_node, segment_size, config_file, ray_address, as_json
         )
-        fleet = FleetSpec.from_env(env)
+        try:
+            fleet = FleetSpec.from_env(env)
+        except PlacementError as exc:
+            raise _worded(exc, flags) from None
         spec = ParallelismSpec(tensor, pipeline, 1, expert)
         data = _default_data(data, spec, fleet)
         result = preflight(replace(spec, data=data or 1), fleet)
@@ -144,6 +150,15 @@ def plan(
     _show(fleet, spec, data, result, segments)
 
 
+FLEET_FLAGS = {
+    "DOCKYARD_FLEET_ROLE": "--role",
+    "DOCKYARD_NUM_NODES": "--nodes",
+    "DOCKYARD_GPUS_PER_NODE": "--gpus-per-node",
+    "DOCKYARD_SEGMENT_SIZE": "--segment-size",
+}
+DESCRIBE = "or describe the fleet: --nodes N --gpus-per-node G (or --config FILE, --ray auto)"
+
+
 def _fleet_env(
     role: str | None,
     nodes: int | None,
@@ -152,22 +167,28 @@ def _fleet_env(
     config_file: Path | None,
     ray_address: str | None,
     as_json: bool,
-) -> tuple[dict[str, str], list[str]]:
+) -> tuple[dict[str, str], list[str], dict[str, str] | None]:
     """The DOCKYARD_* environment the fleet is read from (this one's, under the flags and the
-    cluster file's or Ray's counts) and the segment nodes Ray picked."""
+    cluster file's or Ray's counts), the segment nodes Ray picked, and the flags that stand for
+    the variables when flags, a cluster file or Ray describe the fleet (None: the env alone)."""
     env = dict(os.environ)
+    given = {
+        "--role": role,
+        "--nodes": nodes,
+        "--gpus-per-node": gpus_per_node,
+        "--segment-size": segment_size,
+    }
+    described = any(v is not None for v in (nodes, gpus_per_node, config_file, ray_address))
     if role:
         env["DOCKYARD_FLEET_ROLE"] = role
+    if described:
+        env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")  # the fleet a parallelism plan is for
     segments: list[str] = []
     if config_file is not None:
         cluster = load(config_file, None, as_json).config.cluster
-        nodes, gpus_per_node = fleet_of_cluster(
-            cluster, config_file, env.get("DOCKYARD_FLEET_ROLE", "trainer")
-        )
-        env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
+        nodes, gpus_per_node = fleet_of_cluster(cluster, config_file, env["DOCKYARD_FLEET_ROLE"])
     if ray_address is not None:
         nodes, gpus_per_node, segments = _fleet_from_ray(ray_address, nodes, segment_size)
-        env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")
     for name, value in (
         ("DOCKYARD_NUM_NODES", nodes),
         ("DOCKYARD_GPUS_PER_NODE", gpus_per_node),
@@ -175,7 +196,27 @@ def _fleet_env(
     ):
         if value is not None:
             env[name] = str(value)
-    return env, segments
+    if not described:
+        return env, segments, None
+    # A variable a flag set, or one the flags left unset: its flag is the name to say.
+    flags = {
+        var: flag for var, flag in FLEET_FLAGS.items() if given[flag] is not None or var not in os.environ
+    }
+    return env, segments, flags
+
+
+def _worded(exc: PlacementError, flags: dict[str, str] | None) -> PlacementError:
+    """The fleet's error in the words the user gave it: flags where flags describe the fleet,
+    the container's variables (and how to use flags instead) where they alone do."""
+    from ..placement import PlacementError
+
+    if flags is None:
+        return PlacementError(exc.message, f"{exc.fix}; {DESCRIBE}")
+    message, fix = exc.message, exc.fix
+    for var, flag in flags.items():
+        message = message.replace(f"{var} is not set", f"{flag} is not given").replace(var, flag)
+        fix = fix.replace(f"set {var} to", f"give {flag}").replace(var, flag)
+    return PlacementError(message, fix)
 
 
 def _default_data(data: int | None, spec: ParallelismSpec, fleet: FleetSpec) -> int | None:

@@ -3,6 +3,8 @@ parallelism arithmetic, and NVLink-segment selection (hypothesis for its invaria
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -272,6 +274,47 @@ def test_fdl_plan_checks_a_request_against_flags_a_cluster_file_or_the_environme
     )
     uneven = runner.invoke(cli, ["plan", "--config", str(cluster), "--tensor", "2"], env={})
     assert uneven.exit_code == 1 and "cluster.workers[1] (gpu-b) has 2 GPUs" in uneven.output
+
+
+def test_fdl_plan_given_a_fleet_by_flags_plans_a_trainer_fleet_and_words_its_errors_in_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from click.testing import CliRunner
+
+    from flodl_agent.cli.main import cli
+
+    for var in (
+        "DOCKYARD_FLEET_ROLE",
+        "DOCKYARD_NUM_NODES",
+        "DOCKYARD_GPUS_PER_NODE",
+        "DOCKYARD_SEGMENT_SIZE",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    runner = CliRunner()
+    readme = runner.invoke(
+        cli, ["plan", "--tensor", "4", "--nodes", "2", "--gpus-per-node", "8"]
+    )  # as README.md
+    assert readme.exit_code == 0 and "placeable: trainer fleet, 2 nodes x 8 GPUs" in readme.output
+    cases = {
+        ("--nodes", "2"): ("--gpus-per-node is not given", "give --gpus-per-node a whole number"),
+        ("--nodes", "2", "--gpus-per-node", "0"): ("--gpus-per-node is 0 for a trainer fleet", "needs GPUs"),
+        ("--nodes", "3", "--gpus-per-node", "8", "--segment-size", "2"): (
+            "--segment-size 2 does not divide --nodes 3 (3 % 2 = 1)",
+            "divides the node count",
+        ),
+    }
+    for argv, (message, fix) in cases.items():
+        said = runner.invoke(cli, ["plan", *argv, "--json"])
+        assert said.exit_code == 1 and json.loads(said.output)["error"] == message, said.output
+        assert fix in json.loads(said.output)["fix"] and "DOCKYARD" not in said.output
+    # No fleet given at all: the container's variables, and how to give one by flags instead.
+    bare = runner.invoke(cli, ["plan", "--tensor", "4", "--json"])
+    assert bare.exit_code == 1 and json.loads(bare.output)["error"] == "DOCKYARD_FLEET_ROLE is not set"
+    assert "or describe the fleet: --nodes N --gpus-per-node G" in json.loads(bare.output)["fix"]
+    # A container's declared role stands under flags that only count the fleet.
+    monkeypatch.setenv("DOCKYARD_FLEET_ROLE", "inference")
+    inference = runner.invoke(cli, ["plan", "--tensor", "8", "--nodes", "2", "--gpus-per-node", "4"])
+    assert inference.exit_code == 0 and "placeable: inference fleet" in inference.output
 
 
 def test_fdl_placement_resources_prints_what_ray_start_takes(tmp_path) -> None:  # type: ignore[no-untyped-def]
