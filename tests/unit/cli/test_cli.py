@@ -159,6 +159,16 @@ def test_examples_print_files_that_check(tmp_path: Path, name: str) -> None:
     assert result.exit_code == 0 and result.stderr == ""
 
 
+def test_the_project_example_is_an_fdl_yml_the_lab_cluster_file_lays_over(tmp_path: Path) -> None:
+    base, top = tmp_path / "fdl.yml", tmp_path / "fdl.cluster.yml"
+    base.write_text(run("config", "example", "project").stdout)
+    top.write_text(run("config", "example", "lab").stdout)
+    alone = run("config", "check", str(base))
+    assert alone.exit_code == 0 and "join block, publish block" in alone.stdout
+    laid = run("config", "check", "--base", str(base), str(top))  # the README's overlay command
+    assert laid.exit_code == 0 and "cluster with 2 workers, 3 ranks, join block, publish block" in laid.stdout
+
+
 def test_unexpected_errors_are_reported_not_dumped(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
