@@ -10,7 +10,7 @@ AUDIT       := build/audit-venv
 SSLYZE      := sslyze>=6.1,<7
 AUDIT_STAMP := $(AUDIT)/.installed-$(shell echo '$(SSLYZE)' | sha256sum | cut -c1-12)
 
-.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection typecheck unit fuzz mutate lab-up lab-down gpu-wheels clean
+.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection dist typecheck unit fuzz mutate lab-up lab-down gpu-wheels clean
 
 setup: $(STAMP) $(AUDIT_STAMP)
 
@@ -39,16 +39,39 @@ lint: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/ansible-lint --profile production
 	$(PY) scripts/role_readme.py --check
 
-# The flodl.cluster collection as Galaxy would take it: build the tarball into
-# build/collection/, then install it into a scratch collections path (offline,
-# and away from ./collections, which would otherwise count as installed).
+# The flodl.cluster collection as Galaxy would take it: assemble it (its plugins, the
+# top-level roles/ and playbooks/, the LICENSE: scripts/collection.py), build the tarball
+# into build/collection/, install it into a scratch collections path (offline, and away
+# from ./collections, which would otherwise count as installed), and have Ansible find
+# its playbooks and roles by name from there, outside this checkout.
 COLLECTION_OUT := build/collection
+INSTALLED := ANSIBLE_COLLECTIONS_PATH="$(CURDIR)/$(COLLECTION_OUT)/installed" ANSIBLE_CONFIG="$(CURDIR)/$(COLLECTION_OUT)/ansible.cfg" ANSIBLE_ROLES_PATH=/nonexistent
 collection: setup
 	rm -rf $(COLLECTION_OUT)
-	$(VENV)/bin/ansible-galaxy collection build collections/ansible_collections/flodl/cluster --output-path $(COLLECTION_OUT) --force
-	ANSIBLE_COLLECTIONS_PATH="$(CURDIR)/$(COLLECTION_OUT)/installed" $(VENV)/bin/ansible-galaxy collection install --offline \
+	$(PY) scripts/collection.py assemble $(COLLECTION_OUT)/src
+	printf '[defaults]\n' > $(COLLECTION_OUT)/ansible.cfg  # none of this checkout's settings
+	$(VENV)/bin/ansible-galaxy collection build $(COLLECTION_OUT)/src/ansible_collections/flodl/cluster --output-path $(COLLECTION_OUT) --force
+	$(INSTALLED) $(VENV)/bin/ansible-galaxy collection install --offline \
 		-p $(COLLECTION_OUT)/installed $(COLLECTION_OUT)/flodl-cluster-*.tar.gz
-	ANSIBLE_COLLECTIONS_PATH="$(CURDIR)/$(COLLECTION_OUT)/installed" $(VENV)/bin/ansible-galaxy collection verify --offline flodl.cluster
+	$(INSTALLED) $(VENV)/bin/ansible-galaxy collection verify --offline flodl.cluster
+	cd /tmp && for book in site run golden_image probe; do \
+		$(INSTALLED) $(CURDIR)/$(VENV)/bin/ansible-playbook --syntax-check -i localhost, flodl.cluster.$$book >/dev/null || exit 1; done
+
+# The installable artifacts: the collection (above) and the wheel and sdist, which carry
+# the same collection and version (setup.py assembles it into the wheel). Both checked:
+# twine's metadata check, and the wheel installed into a scratch path, where Ansible finds
+# the collection's playbooks by name through sys.path, as after `pip install flodl-fleet`.
+DIST_OUT := build/dist
+dist: collection
+	rm -rf $(DIST_OUT)
+	$(PY) -m build --no-isolation --outdir $(DIST_OUT) . >/dev/null
+	$(VENV)/bin/twine check --strict $(DIST_OUT)/*
+	$(PY) -m pip install --quiet --no-deps --target $(DIST_OUT)/installed $(DIST_OUT)/*.whl
+	$(PY) scripts/collection.py check $(DIST_OUT)/installed/ansible_collections/flodl/cluster
+	cd /tmp && PYTHONPATH="$(CURDIR)/$(DIST_OUT)/installed" ANSIBLE_COLLECTIONS_PATH=/nonexistent \
+		ANSIBLE_CONFIG="$(CURDIR)/$(COLLECTION_OUT)/ansible.cfg" \
+		$(CURDIR)/$(VENV)/bin/ansible-playbook --syntax-check -i localhost, flodl.cluster.site >/dev/null
+	@echo "dist: $$(ls $(DIST_OUT)/*.whl $(DIST_OUT)/*.tar.gz $(COLLECTION_OUT)/*.tar.gz | tr '\n' ' ')"
 
 typecheck: setup
 	$(VENV)/bin/mypy
@@ -61,7 +84,7 @@ unit: setup
 # resource (podman and the lab image, shaped network namespaces) carry an xdist_group and run
 # on one worker, one after another; those marked `serial` (Ray, one e2e walk-in test) run after, alone.
 PYTEST_WORKERS ?= 4
-test-fast: lint collection typecheck
+test-fast: lint dist typecheck
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not lab and not serial"
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m "serial and not lab"
 

@@ -107,6 +107,61 @@ def project_of(playbook: Path) -> Path:
     return playbook.resolve().parent
 
 
+COLLECTION = "flodl.cluster"
+COLLECTION_PLAYBOOKS = ("site", "run", "golden_image", "probe")
+NO_PLAYBOOK_FIX = (
+    "name a playbook of the project (site.yml) from its checkout, or install the flodl.cluster "
+    "collection: pip install 'flodl-fleet[ansible]' carries it, as does `ansible-galaxy collection "
+    "install flodl-cluster-*.tar.gz` (make dist builds both)"
+)
+
+
+def collections_paths() -> list[Path]:
+    """Where ansible-playbook looks for collections: ANSIBLE_COLLECTIONS_PATH (or its
+    defaults), then every sys.path entry (pip-installed ones: the wheel's, the `ansible`
+    package's)."""
+    configured = os.environ.get("ANSIBLE_COLLECTIONS_PATH") or os.environ.get("ANSIBLE_COLLECTIONS_PATHS")
+    paths = (
+        configured.split(os.pathsep)
+        if configured
+        else ["~/.ansible/collections", "/usr/share/ansible/collections"]
+    )
+    return [Path(p).expanduser() for p in [*paths, *sys.path] if p]
+
+
+def collection_playbook(playbook: Path, search: list[Path]) -> str | None:
+    """``flodl.cluster.NAME`` when ``playbook`` names one of the collection's playbooks (as
+    ``flodl.cluster.site``, or ``site.yml`` / ``site`` where no such file is here) and an
+    installed collection holds it; None otherwise."""
+    name = str(playbook)
+    book = name.removeprefix(f"{COLLECTION}.") if name.startswith(f"{COLLECTION}.") else None
+    if book is None and not playbook.exists() and playbook.parent == Path():
+        book = name.removesuffix(".yml")
+    if book not in COLLECTION_PLAYBOOKS:
+        return None
+    inside = Path("ansible_collections", *COLLECTION.split("."), "playbooks", f"{book}.yml")
+    return f"{COLLECTION}.{book}" if any((root / inside).is_file() for root in search) else None
+
+
+def _project(playbook: Path) -> tuple[Path, str, str, Path]:
+    """Where ansible-runner runs ``playbook``: the project directory, the playbook as
+    ansible-playbook takes it, its short name, and the default artifacts directory."""
+    if playbook.is_file():
+        project = project_of(playbook)
+        return (
+            project,
+            str(playbook.resolve().relative_to(project)),
+            playbook.stem,
+            project / "build" / "deploy",
+        )
+    named = collection_playbook(playbook, collections_paths())
+    if named is None:
+        raise DeployError(
+            f"no playbook at {playbook}, and no installed {COLLECTION} collection has it", NO_PLAYBOOK_FIX
+        )
+    return Path.cwd(), named, named.rsplit(".", 1)[1], Path("~/.flodl/deploy").expanduser()
+
+
 def deploy(
     playbook: Path,
     *,
@@ -125,14 +180,12 @@ def deploy(
         raise DeployError(
             "ansible-runner is not installed", "pip install 'flodl-fleet[ansible]' (make setup does)"
         ) from None
-    if not playbook.is_file():
-        raise DeployError(f"no playbook at {playbook}", "name a playbook of the project, e.g. site.yml")
+    project, book, stem, default_artifacts = _project(playbook)
     if inventory is not None and not inventory.exists():
         raise DeployError(f"no inventory at {inventory}", "pass -i with an inventory file or directory")
-    project = project_of(playbook)
-    root = (artifacts or project / "build" / "deploy").absolute()
+    root = (artifacts or default_artifacts).absolute()
     root.mkdir(parents=True, exist_ok=True)
-    ident = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{playbook.stem}-{os.getpid()}"
+    ident = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{stem}-{os.getpid()}"
     progress = Progress()
 
     def handle(event: dict[str, Any]) -> bool:
@@ -146,7 +199,7 @@ def deploy(
     runner = ansible_runner.run(
         private_data_dir=str(root),
         project_dir=str(project),
-        playbook=str(playbook.resolve().relative_to(project)),
+        playbook=book,
         inventory=str(inventory.absolute()) if inventory is not None else None,
         limit=limit,
         extravars=dict(extravars or {}),

@@ -94,3 +94,38 @@ def test_a_missing_playbook_or_inventory_is_named(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "no inventory at absent.yml" in bad.stderr
     extra = fdl(str(playbook), "-e", "not an assignment", cwd=root)
     assert extra.returncode == 2 and "is not KEY=VALUE" in extra.stderr
+
+
+def installed_collection(tmp_path: Path) -> Path:
+    """The flodl.cluster collection as the wheel's build assembles it, in a collections path."""
+    script = Path(__file__).parents[2] / "scripts" / "collection.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "assemble", str(tmp_path / "collections")], check=False
+    )
+    assert done.returncode == 0
+    return tmp_path / "collections"
+
+
+def test_away_from_a_checkout_deploy_runs_the_installed_collections_playbooks_by_name(tmp_path: Path) -> None:
+    away = tmp_path / "ops"
+    away.mkdir()
+    (away / "hosts.yml").write_text("all:\n  hosts:\n    elsewhere:\n")  # no flodl groups: nothing to do
+    env = {**os.environ, "NO_COLOR": "1", "HOME": str(tmp_path / "home")}
+    bare = subprocess.run([str(FDL), "deploy", "-i", "hosts.yml"], cwd=away, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert bare.returncode == 2
+    assert "no playbook at site.yml, and no installed flodl.cluster collection has it" in bare.stderr
+    assert "pip install 'flodl-fleet[ansible]' carries it" in bare.stderr
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(installed_collection(tmp_path))
+    for argv in (["-i", "hosts.yml"], ["flodl.cluster.probe", "-i", "hosts.yml", "--json"]):
+        ran = subprocess.run([str(FDL), "deploy", *argv], cwd=away, env=env, capture_output=True,
+                             text=True, timeout=300, check=False)  # fmt: skip
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    report = json.loads(ran.stdout)
+    assert report["recap"] == {} and Path(report["artifacts"]).is_relative_to(tmp_path / "home" / ".flodl")
+    events = [json.loads(p.read_text()) for p in Path(report["artifacts"], "job_events").glob("*.json")]
+    assert any(e.get("event_data", {}).get("playbook", "").endswith("flodl/cluster/playbooks/probe.yml")
+               for e in events)  # fmt: skip
+    unknown = subprocess.run([str(FDL), "deploy", "flodl.cluster.nope", "-i", "hosts.yml"], cwd=away, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert unknown.returncode == 2 and "no playbook at flodl.cluster.nope" in unknown.stderr

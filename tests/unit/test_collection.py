@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -276,3 +277,78 @@ def test_the_role_and_join_default_to_the_same_variant_index() -> None:
 
     plan = load("filter/torch_plan.py").torch_plan(["cu126", "rocm6.4", "cpu"])
     assert {v: p["source"] for v, p in plan.items()} == {v: default_source(v) for v in plan}
+
+
+def assembler() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("collection_script", ROOT / "scripts" / "collection.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_collection_is_assembled_from_the_top_level_roles_and_playbooks_and_drift_is_named(
+    tmp_path: Path,
+) -> None:
+    script = assembler()
+    tree = script.assemble(tmp_path)
+    assert script.drift(tree) == []
+    # The roles as the collection names them, whole but for their molecule scenarios.
+    for repo_name, name in script.ROLES.items():
+        source = {p.relative_to(ROOT / "roles" / repo_name) for p in (ROOT / "roles" / repo_name).rglob("*")
+                  if p.is_file() and "molecule" not in p.parts and "__pycache__" not in p.parts}  # fmt: skip
+        assert {
+            p.relative_to(tree / "roles" / name) for p in (tree / "roles" / name).rglob("*") if p.is_file()
+        } == source
+    # Each file keeps its mode (a script the role copies stays executable).
+    assert all((tree / inside).stat().st_mode == source.stat().st_mode for inside, source in script.sources())
+    # Every playbook names the roles by the collection's names, and nothing else changed.
+    for playbook in script.PLAYBOOKS:
+        text = (tree / "playbooks" / playbook).read_text()
+        refs = [
+            line.strip() for line in text.splitlines() if re.search(r"\bflodl_(controller|worker)\s*$", line)
+        ]
+        assert refs == [], (playbook, refs)
+    site = (tree / "playbooks" / "site.yml").read_text()
+    assert "name: flodl.cluster.controller" in site and "- flodl.cluster.worker" in site
+    assert (tree / "LICENSE").read_text().lstrip().startswith("Apache License")
+    release = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert yaml.safe_load((tree / "galaxy.yml").read_text())["version"] == release  # one version for both
+    # An edit in the assembled tree, a file no source has, a file gone: each is named.
+    (tree / "roles" / "worker" / "defaults" / "main.yml").write_text("drifted: true\n")
+    (tree / "roles" / "worker" / "stray.yml").write_text("")
+    (tree / "playbooks" / "probe.yml").unlink()
+    assert sorted(script.drift(tree)) == [
+        "playbooks/probe.yml: missing",
+        "roles/worker/defaults/main.yml: differs from roles/flodl_worker/defaults/main.yml",
+        "roles/worker/stray.yml: comes from no source",
+    ]
+
+
+def test_role_references_are_rewritten_in_every_spelling_and_variables_are_not() -> None:
+    script = assembler()
+    text = """roles:
+  - flodl_worker
+  - role: flodl_controller   # the door
+tasks:
+  - ansible.builtin.include_role:
+      name: flodl_controller
+      tasks_from: token.yml
+  - ansible.builtin.debug:
+      var: flodl_controller_token
+    when: flodl_worker_door_port | int > 0
+"""
+    assert (
+        script.fqcn_roles(text)
+        == """roles:
+  - flodl.cluster.worker
+  - role: flodl.cluster.controller   # the door
+tasks:
+  - ansible.builtin.include_role:
+      name: flodl.cluster.controller
+      tasks_from: token.yml
+  - ansible.builtin.debug:
+      var: flodl_controller_token
+    when: flodl_worker_door_port | int > 0
+"""
+    )
