@@ -58,6 +58,43 @@ def test_site_converges_then_changes_nothing(lab: dict[str, str]) -> None:
     ]
 
 
+def test_the_installed_collection_converges_the_lab_by_name_away_from_the_checkout(
+    lab: dict[str, str], tmp_path: Path
+) -> None:
+    # The tarball as Galaxy takes it, installed into an empty collections path; run from a
+    # directory that is no checkout, with none of its roles_path or collections_path.
+    tree = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "scripts" / "collection.py"), "assemble",
+         str(tmp_path / "src")], capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    galaxy = str(ROOT / ".venv" / "bin" / "ansible-galaxy")
+    subprocess.run([galaxy, "collection", "build", tree, "--output-path", str(tmp_path)], check=True,
+                   capture_output=True)  # fmt: skip
+    tarball = next(tmp_path.glob("flodl-cluster-*.tar.gz"))
+    installed = tmp_path / "collections"
+    settings = [line for line in (ROOT / "ansible.cfg").read_text().splitlines()
+                if not line.startswith(("roles_path", "collections_path", "inventory"))]  # fmt: skip
+    (tmp_path / "ansible.cfg").write_text("\n".join(settings) + "\n")
+    env = {**lab, "ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg"), "ANSIBLE_COLLECTIONS_PATH": str(installed),
+           "ANSIBLE_ROLES_PATH": str(tmp_path / "no-roles")}  # fmt: skip
+    # From here, not the checkout: its ./collections holds the collection's own sources.
+    offline = [galaxy, "collection", "install", "--offline", "-p", str(installed), str(tarball)]
+    subprocess.run(offline, cwd=tmp_path, env=env, check=True, capture_output=True)
+    assert (installed / "ansible_collections" / "flodl" / "cluster" / "roles" / "worker").is_dir()
+    away = subprocess.run(
+        ["ansible-playbook", "flodl.cluster.site", "-i", lab["LAB_INVENTORY"]],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500, check=False,
+    )  # fmt: skip
+    assert away.returncode == 0, away.stdout[-4000:]
+    assert "flodl.cluster.controller : " in away.stdout and "flodl.cluster.worker : " in away.stdout
+    # The same roles as the checkout's: on the fleet they converged, every task ok, none changed.
+    counts = recap(away.stdout)
+    assert set(counts) == {CONTROLLER, *WORKERS}
+    assert {h: c["changed"] for h, c in counts.items()} == dict.fromkeys(counts, 0), away.stdout[-3000:]
+    checkout = recap(play(lab, "site.yml").stdout)
+    assert {h: c["ok"] for h, c in counts.items()} == {h: c["ok"] for h, c in checkout.items()}
+
+
 def test_each_worker_holds_its_own_names_key_and_never_the_token(lab: dict[str, str]) -> None:
     token = on(CONTROLLER, "cat", "/etc/flodl/join.token").stdout.strip()
     assert len(token) == 32  # generated once on the controller: the lab inventory sets none
