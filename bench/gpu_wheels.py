@@ -2,8 +2,9 @@
 the checkout: ``python -m bench.gpu_wheels``.
 
 The GPU machine is an image with its own Python 3.12 and CUDA torch and no network. It holds
-most of what the project needs (``IMAGE_HAS``); ``CARRIED`` is the rest, pinned to the versions
-the project's virtualenv runs: pydantic and its core, cryptography and its cffi, and
+most of what the project needs (``IMAGE_HAS``); ``CARRIED`` names the rest, each pinned, when
+downloaded, to the version the project's virtualenv runs (read from it, so a new release on
+PyPI changes both together): pydantic and its core, cryptography and its cffi, and
 ansible-core (the ``gpu_facts`` module imports its ``module_utils``). ``pip download
 --no-deps`` takes each by name, so every dependency is named here; the few that the image may
 hold too (typing-extensions, markdown-it-py) are carried anyway: newer than the image's copy
@@ -19,6 +20,7 @@ On the GPU machine, from the checkout, with ``.whl`` carried (the one call)::
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -74,21 +76,21 @@ IMAGE_HAS = frozenset(
     }
 )
 
-# name -> version, as /work/main/.venv holds them; binary ones have cp312 (or abi3) manylinux wheels.
-CARRIED = {
-    "pydantic": "2.14.4",
-    "pydantic-core": "2.50.5",
-    "annotated-types": "0.8.0",
-    "typing-inspection": "0.4.5",
-    "typing-extensions": "4.16.0",
-    "cryptography": "50.0.2",
-    "cffi": "2.1.1",
-    "pycparser": "3.12",
-    "ansible-core": "2.19.14",
-    "resolvelib": "1.2.1",
-    "markdown-it-py": "4.3.0",
-    "mdurl": "0.1.2",
-}
+# What the image lacks, by name; the binary ones have cp312 (or abi3) manylinux wheels.
+CARRIED = (
+    "pydantic",
+    "pydantic-core",
+    "annotated-types",
+    "typing-inspection",
+    "typing-extensions",
+    "cryptography",
+    "cffi",
+    "pycparser",
+    "ansible-core",
+    "resolvelib",
+    "markdown-it-py",
+    "mdurl",
+)
 
 PLATFORMS = (
     "manylinux_2_28_x86_64",
@@ -106,10 +108,15 @@ def normalize(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(".", "-")
 
 
+def pinned() -> dict[str, str]:
+    """Each carried project at the version this virtualenv runs."""
+    return {name: importlib.metadata.version(name) for name in CARRIED}
+
+
 def download_command(folder: Path = FOLDER) -> list[str]:
     """One ``pip download`` for every carried wheel, for CPython 3.12 on manylinux x86_64."""
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
-    pins = [f"{name}=={version}" for name, version in sorted(CARRIED.items())]
+    pins = [f"{name}=={version}" for name, version in sorted(pinned().items())]
     return [
         sys.executable,
         "-m",
