@@ -46,12 +46,13 @@ from ..retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from ..sources.build import entry_command
 from ..train.averaging import AverageRelay
 from ..train.rendezvous import StreamRelay, serve_store, warm_store
+from . import contained
 from .box import box_offer, get_ready, this_box
 from .containers import ComposeRanks, check_service
 from .options import AgentOptions
 from .prepare import Prepared
 from .rank_env import rank_envs
-from .rank_io import CANNOT_EXECUTE, hang_up, heartbeat, output_lines, start_failure
+from .rank_io import CANNOT_EXECUTE, hang_up, heartbeat, start_failure
 
 # A tunnel's door that does not permit the forward accepts, then hangs up.
 BROKE_FIX = (
@@ -78,6 +79,7 @@ class Attempt:
         self.log = log
         self.on_wait = on_wait  # True while admitted and waiting for the world (a spinner's cue)
         self.children: list[asyncio.subprocess.Process] = []
+        self.contained: dict[int, contained.Contained] = {}  # rank -> its reaper (not compose's)
         self._warm: asyncio.Future[None] | None = None  # the store's torch import, under way
         self.compose: ComposeRanks | None = None  # the ranks run in a compose service
 
@@ -282,14 +284,8 @@ class Attempt:
     ) -> asyncio.subprocess.Process:
         if self.compose is not None:
             return await self.compose.start(rank, command, env, averager.directory)
-        return await asyncio.create_subprocess_exec(
-            *command,
-            env=env,
-            cwd=cwd,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
+        held = self.contained[rank] = await contained.start(command, env, cwd)
+        return held.proc
 
     async def _could_not_start(
         self,
@@ -318,15 +314,17 @@ class Attempt:
         client: JoinClient,
         averager: AverageRelay,
     ) -> int:
-        assert proc.stdout is not None
         last = ""  # its last words: how a crash ended (teardown_note)
-        async for line in output_lines(proc.stdout):
+        held = self.contained.get(rank)
+        async for line in contained.lines_until_exit(proc, held):
             sys.stdout.write(f"[rank {rank}] {line}\n")
             sys.stdout.flush()
             last = line if line.strip() else last
         code = await proc.wait()
         if self.compose is not None:
             code = await self.compose.exit_code(rank, code)  # the container's, not its client's
+        if held is not None and (left := contained.left_note(rank, held.left)) is not None:
+            self.log(left)
         if (note := teardown_note(rank, code, last)) is not None:
             self.log(note)
         averager.rank_exited(rank)
