@@ -117,7 +117,9 @@ def clear_below(grace: float = GRACE) -> dict[int, str]:
             break
         _signal(left, signal.SIGTERM)
         if not reap(time.monotonic() + grace):
-            _signal(below(), signal.SIGKILL)
+            left = below()  # with what was forked or reparented to us meanwhile: named too
+            stopped.update(left)
+            _signal(left, signal.SIGKILL)
             reap(time.monotonic() + GRACE)
         left = below()
         stopped.update(left)

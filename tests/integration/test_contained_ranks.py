@@ -29,6 +29,11 @@ LEAKY = """
 sleep 300 & echo $! > {d}/child
 setsid sleep 301 & echo $! > {d}/daemon
 ( ( sleep 302 & echo $! > {d}/orphan ) & )
+# The rank ends once all three sleep and the orphan's parent is gone (it is the reaper's).
+for f in child daemon orphan; do
+  until [ -s {d}/$f ] && [ "$(cat /proc/$(cat {d}/$f)/comm)" = sleep ]; do sleep 0.01; done
+done
+until [ "$(cut -d' ' -f4 /proc/$(cat {d}/orphan)/stat)" = "$PPID" ]; do sleep 0.01; done
 echo "rank says bye"
 exit {code}
 """
