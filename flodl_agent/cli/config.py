@@ -14,7 +14,7 @@ from ..config import FdlConfig
 from ..config.ranks import known_ranks, plan_window, rank_span
 from .common import base_opt, emit_json, file_arg, json_opt, load, out, print_problems
 
-EXAMPLES = ("lab", "local", "reference", "project")
+EXAMPLES = ("lab", "local", "gpu", "reference", "project")
 
 
 @click.group()
@@ -148,9 +148,10 @@ def config_schema() -> None:
 @config.command("example")
 @click.argument("name", type=click.Choice(EXAMPLES), default="reference")
 def config_example(name: str) -> None:
-    """Print an example cluster file: `reference` (every field), `lab` (the podman lab fleet) or
-    `local` (one machine: a controller on loopback and walk-ins from other terminals); or
-    `project`, a project's fdl.yml (join:, publish: and commands: defaults) to lay one over."""
+    """Print an example cluster file: `reference` (every field), `lab` (the podman lab fleet),
+    `local` (one machine: a controller on loopback and walk-ins from other terminals) or `gpu`
+    (two 8-GPU boxes, NCCL: what `fdl plan --config` counts); or `project`, a project's fdl.yml
+    (join:, publish: and commands: defaults) to lay one over."""
     file = "project.fdl.yml" if name == "project" else f"{name}.fdl.cluster.yml"
     text = resources.files("flodl_agent").joinpath(f"examples/{file}").read_text()
     click.echo(text, nl=False)

@@ -13,39 +13,67 @@ import click
 from rich.markup import escape
 
 from ..address import AddressError, join_address, split_address
-from ..config import Cluster
+from ..config import Cluster, Worker
 from .common import FilePath, emit_json, err, json_opt, load, out
 
 if TYPE_CHECKING:
     from ..placement import FleetSpec, ParallelismSpec, PlacementError, Plan
 
 
-def fleet_of_cluster(cluster: Cluster | None, path: Path, role: str) -> tuple[int, int]:
-    """(nodes, GPUs per node) of a cluster file's workers: every worker must list its GPUs alike."""
+def fleet_of_cluster(
+    cluster: Cluster | None, path: Path, role: str, nodes: int | None = None, per_node: int | None = None
+) -> tuple[int, int, list[str]]:
+    """(nodes, devices per node, notes) of a cluster file's workers, the flags beating the file
+    field by field (``nodes``: --nodes, ``per_node``: --gpus-per-node). A worker's devices are
+    its listed GPUs, or its ``cpu:N`` ranks (the world `fdl launch --parallelism` checks);
+    ``all`` is known only once probed: --gpus-per-node says it."""
     from ..placement import PlacementError
 
     workers = cluster.workers if cluster is not None else []
-    if not workers:
+    if not workers and (nodes is None or per_node is None):
         raise PlacementError(
-            f"{path} lists no workers", "plan against a cluster file with workers, or --nodes"
+            f"{path} lists no workers: its walk-ins are counted only as they join",
+            "give the fleet to expect: --nodes N --gpus-per-node G",
         )
+    notes: list[str] = []
+    if per_node is None:
+        per_node = _per_node(workers, role)
+        if role != "sandbox" and any(w.local_devices.kind == "cpu" for w in workers):
+            notes.append(
+                f"the workers offer CPU ranks: {per_node} per node counted as its devices, "
+                "as `fdl launch --parallelism` counts a CPU world"
+            )
+    return (nodes if nodes is not None else len(workers)), per_node, notes
+
+
+def _per_node(workers: list[Worker], role: str) -> int:
+    """The one device count every worker has; a sandbox fleet claims no GPU."""
+    from ..placement import PlacementError
+
     counts = []
     for i, worker in enumerate(workers):
         offer = worker.local_devices
-        if offer.kind != "gpus" and role != "sandbox":
+        if offer.capacity is None:
             raise PlacementError(
-                f"cluster.workers[{i}] ({worker.host}) offers `{offer}`, not a list of GPUs",
-                "list its GPUs (local_devices: [0, 1, ...]) so they can be counted, or pass --gpus-per-node",
+                f"cluster.workers[{i}] ({worker.host}) offers `{offer}`: its GPUs are counted "
+                "only when the box is probed",
+                "pass --gpus-per-node, or list its GPUs (local_devices: [0, 1, ...])",
             )
-        counts.append(len(offer.gpus))
+        counts.append(0 if role == "sandbox" and offer.kind == "cpu" else offer.capacity)
     if len(set(counts)) > 1:
         odd = next(i for i, c in enumerate(counts) if c != counts[0])
         raise PlacementError(
-            f"cluster.workers[{odd}] ({workers[odd].host}) has {counts[odd]} GPUs, cluster.workers[0] "
-            f"({workers[0].host}) {counts[0]}: placement needs nodes of one size",
-            "plan the nodes of each size as their own fleet",
+            f"cluster.workers[{odd}] ({workers[odd].host}) has {_devices(workers[odd], counts[odd])}, "
+            f"cluster.workers[0] ({workers[0].host}) {_devices(workers[0], counts[0])}: "
+            "placement needs nodes of one size",
+            "plan the nodes of each size as their own fleet, or pass --gpus-per-node N to use N on each",
         )
-    return len(workers), counts[0]
+    return counts[0]
+
+
+def _devices(worker: Worker, count: int) -> str:
+    kind = "CPU rank" if worker.local_devices.kind == "cpu" else "GPU"
+    return f"{count} {kind}{'' if count == 1 else 's'}"
 
 
 def _fleet_from_ray(address: str, wanted: int | None, segment_size: int | None) -> tuple[int, int, list[str]]:
@@ -128,7 +156,7 @@ def plan(
     from ..placement import FleetSpec, ParallelismSpec, PlacementError, preflight
 
     try:
-        env, segments, flags = _fleet_env(
+        env, segments, flags, notes = _fleet_env(
             role, nodes, gpus_per_node, segment_size, config_file, ray_address, as_json
         )
         try:
@@ -138,6 +166,7 @@ def plan(
         spec = ParallelismSpec(tensor, pipeline, 1, expert)
         data = _default_data(data, spec, fleet)
         result = preflight(replace(spec, data=data or 1), fleet)
+        result = replace(result, notes=[*notes, *result.notes])
     except PlacementError as exc:
         if as_json:
             emit_json({"ok": False, "error": exc.message, "fix": exc.fix})
@@ -167,10 +196,11 @@ def _fleet_env(
     config_file: Path | None,
     ray_address: str | None,
     as_json: bool,
-) -> tuple[dict[str, str], list[str], dict[str, str] | None]:
+) -> tuple[dict[str, str], list[str], dict[str, str] | None, list[str]]:
     """The DOCKYARD_* environment the fleet is read from (this one's, under the flags and the
-    cluster file's or Ray's counts), the segment nodes Ray picked, and the flags that stand for
-    the variables when flags, a cluster file or Ray describe the fleet (None: the env alone)."""
+    cluster file's or Ray's counts), the segment nodes Ray picked, the flags that stand for
+    the variables when flags, a cluster file or Ray describe the fleet (None: the env alone),
+    and what the count from a cluster file notes."""
     env = dict(os.environ)
     given = {
         "--role": role,
@@ -184,9 +214,12 @@ def _fleet_env(
     if described:
         env.setdefault("DOCKYARD_FLEET_ROLE", "trainer")  # the fleet a parallelism plan is for
     segments: list[str] = []
+    notes: list[str] = []
     if config_file is not None:
         cluster = load(config_file, None, as_json).config.cluster
-        nodes, gpus_per_node = fleet_of_cluster(cluster, config_file, env["DOCKYARD_FLEET_ROLE"])
+        nodes, gpus_per_node, notes = fleet_of_cluster(
+            cluster, config_file, env["DOCKYARD_FLEET_ROLE"], nodes, gpus_per_node
+        )
     if ray_address is not None:
         nodes, gpus_per_node, segments = _fleet_from_ray(ray_address, nodes, segment_size)
     for name, value in (
@@ -197,12 +230,12 @@ def _fleet_env(
         if value is not None:
             env[name] = str(value)
     if not described:
-        return env, segments, None
+        return env, segments, None, notes
     # A variable a flag set, or one the flags left unset: its flag is the name to say.
     flags = {
         var: flag for var, flag in FLEET_FLAGS.items() if given[flag] is not None or var not in os.environ
     }
-    return env, segments, flags
+    return env, segments, flags, notes
 
 
 def _worded(exc: PlacementError, flags: dict[str, str] | None) -> PlacementError:

@@ -69,7 +69,7 @@ def test_overlay_of_the_seed_files() -> None:
     assert loaded.files == [str(DATA / "seed-000.fdl.yml"), str(DATA / "seed-000.fdl.cluster.yml")]
 
 
-@pytest.mark.parametrize("name", ["lab", "local", "reference"])
+@pytest.mark.parametrize("name", ["lab", "local", "gpu", "reference"])
 def test_shipped_examples_are_valid_and_quiet(name: str) -> None:
     loaded = load_config(EXAMPLES / f"{name}.fdl.cluster.yml")
     assert loaded.config.cluster is not None

@@ -4,6 +4,8 @@ parallelism arithmetic, and NVLink-segment selection (hypothesis for its invaria
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -273,7 +275,8 @@ def test_fdl_plan_checks_a_request_against_flags_a_cluster_file_or_the_environme
         )
     )
     uneven = runner.invoke(cli, ["plan", "--config", str(cluster), "--tensor", "2"], env={})
-    assert uneven.exit_code == 1 and "cluster.workers[1] (gpu-b) has 2 GPUs" in uneven.output
+    said = "cluster.workers[1] (gpu-b) has 2 GPUs, cluster.workers[0] (gpu-a) 4 GPUs"
+    assert uneven.exit_code == 1 and said in uneven.output
 
 
 def test_fdl_plan_given_a_fleet_by_flags_plans_a_trainer_fleet_and_words_its_errors_in_flags(
@@ -335,3 +338,49 @@ def test_fdl_placement_resources_prints_what_ray_start_takes(tmp_path) -> None: 
     # What a node registers decodes back to its domain and rank.
     decoded = decode_topology([{"NodeID": "n", "Alive": True, "Resources": resources}])
     assert decoded == {"n": ("2cc9b0f4111122223333444455556666_3", 5)}
+
+
+def test_fdl_plan_counts_the_gpu_example_and_asks_for_what_a_file_cannot_say(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from flodl_agent.cli.main import cli
+
+    runner = CliRunner()
+
+    def cluster_file(name: str, workers: list[dict[str, object]] | None = None) -> str:
+        path = tmp_path / f"{name}.yml"
+        if workers is None:  # a shipped example, as docs/placement.md writes it out
+            path.write_text(runner.invoke(cli, ["config", "example", name]).output)
+        else:
+            path.write_text(json.dumps({"cluster": {"controller": {"host": "10.0.0.1"}, "workers": workers}}))
+        return str(path)
+
+    def plan(path: str, *flags: str) -> dict[str, Any]:
+        result = runner.invoke(cli, ["plan", "--config", path, "--tensor", "2", *flags, "--json"], env={})
+        return dict(json.loads(result.output), exit_code=result.exit_code)
+
+    gpu = plan(cluster_file("gpu"), "--pipeline", "2")
+    assert gpu["ok"] and gpu["fleet"] == {
+        "role": "trainer", "nodes": 2, "gpus_per_node": 8, "strategy": "SPREAD", "segment_size": None,
+    }  # fmt: skip
+    assert gpu["parallelism"]["data"] == 4
+    smaller = plan(cluster_file("gpu"), "--gpus-per-node", "4")  # a flag beats the file's count
+    assert smaller["fleet"]["gpus_per_node"] == 4 and smaller["fleet"]["nodes"] == 2
+    walk_ins = plan(cluster_file("local"))
+    assert walk_ins["exit_code"] == 1 and "lists no workers" in walk_ins["error"]
+    assert walk_ins["fix"] == "give the fleet to expect: --nodes N --gpus-per-node G"
+    assert plan(cluster_file("local"), "--nodes", "3", "--gpus-per-node", "2")["fleet"]["nodes"] == 3
+
+    def boxes(offer: str) -> list[dict[str, object]]:
+        return [{"host": f"box-{i}", "local_devices": offer, "nccl_socket_ifname": "eth0"} for i in range(2)]
+
+    probed = boxes("all")
+    unknown = plan(cluster_file("all", probed))
+    assert unknown["exit_code"] == 1 and "only when the box is probed" in unknown["error"]
+    assert "--gpus-per-node" in unknown["fix"]
+    assert plan(cluster_file("all", probed), "--gpus-per-node", "8")["ok"]
+    cpu = plan(cluster_file("cpu", boxes("cpu:2")))
+    assert cpu["fleet"]["gpus_per_node"] == 2
+    assert any("CPU ranks: 2 per node" in note for note in cpu["notes"])
+    uneven = plan(cluster_file("lab"))
+    assert "(lab-worker-2) has 1 CPU rank, cluster.workers[0] (lab-worker-1) 2 CPU ranks" in uneven["error"]
