@@ -69,6 +69,7 @@ PURE_CORES: dict[str, frozenset[str]] = {
     "flodl_agent.protocol.join_protocol": PYDANTIC,
     "flodl_agent.controller.supervision": PYDANTIC,  # its log words use config.ranks.rank_span
     "flodl_agent.controller.settings": PYDANTIC,
+    "flodl_agent.controller.journal": PYDANTIC,  # its file is os and fcntl, no socket
     "flodl_agent.hardware.offer": PYDANTIC,
     "flodl_agent.hardware.variants": PYDANTIC,
     "flodl_agent.agent.rank_env": PYDANTIC,
