@@ -10,7 +10,7 @@ AUDIT       := build/audit-venv
 SSLYZE      := sslyze>=6.1,<7
 AUDIT_STAMP := $(AUDIT)/.installed-$(shell echo '$(SSLYZE)' | sha256sum | cut -c1-12)
 
-.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection dist typecheck unit fuzz mutate lab-up lab-down gpu-wheels clean
+.PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection sanity dist typecheck unit fuzz mutate lab-up lab-down gpu-wheels clean
 
 setup: $(STAMP) $(AUDIT_STAMP)
 
@@ -57,6 +57,13 @@ collection: setup
 	cd /tmp && for book in site run golden_image probe; do \
 		$(INSTALLED) $(CURDIR)/$(VENV)/bin/ansible-playbook --syntax-check -i localhost, flodl.cluster.$$book >/dev/null || exit 1; done
 
+# ansible-test sanity on the assembled collection, offline: ansible-test bootstraps pip into
+# each test's venv from a script it would download; scripts/sanity.py puts a stand-in in its
+# cache that installs from the configured package indexes. Waivers: the collection's
+# tests/sanity/ignore-2.19.txt, each with its reason.
+sanity: collection
+	$(PY) scripts/sanity.py $(COLLECTION_OUT)/src/ansible_collections/flodl/cluster
+
 # The installable artifacts: the collection (above) and the wheel and sdist, which carry
 # the same collection and version (setup.py assembles it into the wheel). Both checked:
 # twine's metadata check, and the wheel installed into a scratch path, where Ansible finds
@@ -84,7 +91,7 @@ unit: setup
 # resource (podman and the lab image, shaped network namespaces) carry an xdist_group and run
 # on one worker, one after another; those marked `serial` (Ray, one e2e walk-in test) run after, alone.
 PYTEST_WORKERS ?= 4
-test-fast: lint dist typecheck
+test-fast: lint sanity dist typecheck
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not lab and not serial"
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -m "serial and not lab"
 

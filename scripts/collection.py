@@ -35,6 +35,7 @@ PLAYBOOKS = ("site.yml", "run.yml", "golden_image.yml", "probe.yml")
 LICENSE = "LICENSE"
 # Development only: the roles' molecule scenarios, caches, and what a build leaves.
 SKIP = frozenset({"molecule", "__pycache__", ".pytest_cache", "tests"})
+OWN_SKIP = SKIP - {"tests"}  # the collection's own tests/ holds its sanity ignore file
 # A role named in a playbook: `name: flodl_worker` (include_role), `role: …`, or an item of `roles:`.
 _ROLE_REF = re.compile(
     r"^(?P<lead>\s*(?:-\s+)?(?:(?:name|role):\s+)?)(?P<role>" + "|".join(ROLES) + r")(?P<tail>\s*(?:#.*)?)$",
@@ -59,15 +60,15 @@ def galaxy(text: str, release: str) -> str:
     return out
 
 
-def _files(top: Path) -> Iterator[Path]:
+def _files(top: Path, skip: frozenset[str] = SKIP) -> Iterator[Path]:
     for path in sorted(top.rglob("*")):
-        if path.is_file() and not SKIP & set(path.relative_to(top).parts):
+        if path.is_file() and not skip & set(path.relative_to(top).parts):
             yield path
 
 
 def sources(root: Path = ROOT) -> Iterator[tuple[str, Path]]:
     """Each file of the collection (its path inside it) and the repository file it comes from."""
-    for path in _files(root / OWN):
+    for path in _files(root / OWN, OWN_SKIP):
         yield path.relative_to(root / OWN).as_posix(), path
     for repo_name, name in ROLES.items():
         for path in _files(root / "roles" / repo_name):
@@ -106,7 +107,7 @@ def drift(tree: Path, root: Path = ROOT) -> list[str]:
     for inside, source in want.items():
         if (tree / inside).is_file() and (tree / inside).read_bytes() != expected(inside, source, root):
             problems.append(f"{inside}: differs from {source.relative_to(root)}")
-    have = {p.relative_to(tree).as_posix() for p in _files(tree)}
+    have = {p.relative_to(tree).as_posix() for p in _files(tree, OWN_SKIP)}
     problems += [f"{inside}: comes from no source" for inside in sorted(have - set(want))]
     return problems
 

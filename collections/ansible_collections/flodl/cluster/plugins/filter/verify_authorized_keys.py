@@ -34,7 +34,7 @@ _value:
 """
 
 
-def verify_authorized_keys(_: Any = None) -> str:
+def verify_authorized_keys(_value: Any = None) -> str:
     script = (
         'grep -v "^#" "$1" | while read -r line; do '
         'echo "$line" | ssh-keygen -l -f - >/dev/null || exit 1; done'

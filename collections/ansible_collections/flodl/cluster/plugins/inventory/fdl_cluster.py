@@ -2,15 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import shlex
-from pathlib import Path
-from typing import Any
-
-from ansible.errors import AnsibleParserError
-from ansible.plugins.inventory import BaseInventoryPlugin
-from ansible.utils.display import Display
-
 DOCUMENTATION = r"""
 name: fdl_cluster
 short_description: Use an fdl.cluster.yml as an inventory
@@ -47,6 +38,15 @@ EXAMPLES = r"""
 plugin: flodl.cluster.fdl_cluster
 path: fdl.cluster.yml
 """
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin
+from ansible.utils.display import Display
 
 display = Display()
 _VARIANT = re.compile(r"^(cpu|cu\d{3}|rocm[\d.]+)$")

@@ -14,7 +14,7 @@ description:
     C(cpu) otherwise); the worker role uses it for C(flodl_worker_libtorch=auto).
 version_added: "0.1.0"
 options: {}
-author: flodl fleet maintainers
+author: flodl fleet maintainers (@flodl)
 """
 
 EXAMPLES = r"""
@@ -95,7 +95,7 @@ def parse_rocm(text: str) -> list[dict[str, Any]]:
         if not match or not isinstance(info, dict):
             continue
         name = info.get("Card Series") or info.get("Card series") or info.get("Card model") or ""
-        arch = str(info.get("GFX Version") or "").strip().split(":")[0]  # gfx90a:xnack- is gfx90a
+        arch = str(info.get("GFX Version") or "").strip().split(":", maxsplit=1)[0]  # gfx90a:xnack- is gfx90a
         memory = info.get("VRAM Total Memory (B)")
         gpus.append(
             {
@@ -131,16 +131,17 @@ def main() -> None:
     gpus: list[dict[str, Any]] = []
     nvidia = module.get_bin_path("nvidia-smi")
     if nvidia:
-        rc, out, _ = module.run_command([nvidia, f"--query-gpu={NVIDIA_QUERY}", f"--format={NVIDIA_FORMAT}"])
+        query = [nvidia, f"--query-gpu={NVIDIA_QUERY}", f"--format={NVIDIA_FORMAT}"]
+        rc, out, _err = module.run_command(query)
         if rc == 0:
             gpus += parse_nvidia(out)
     rocm = module.get_bin_path("rocm-smi")
     version = ""
     if rocm:
-        rc, out, _ = module.run_command([rocm, *ROCM_QUERY])
+        rc, out, _err = module.run_command([rocm, *ROCM_QUERY])
         if rc == 0:
             gpus += parse_rocm(out)
-        rc, out, _ = module.run_command([rocm, "--showdriverversion", "--json"])
+        rc, out, _err = module.run_command([rocm, "--showdriverversion", "--json"])
         version = out if rc == 0 else ""
     module.exit_json(changed=False, ansible_facts=summarize(gpus, version))
 
