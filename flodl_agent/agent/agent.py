@@ -27,6 +27,7 @@ from ..controller.supervision import ranks_failed, teardown_note
 from ..errors import CLEAN, PERMANENT, TRANSIENT
 from ..hardware.offer import Offer
 from ..net import keepalive
+from ..observe import exit_reason
 from ..protocol import wire
 from ..protocol.join_protocol import (
     Aborted,
@@ -51,7 +52,7 @@ from .box import box_offer, get_ready, this_box
 from .containers import ComposeRanks, check_service
 from .options import AgentOptions
 from .prepare import Prepared
-from .rank_env import rank_envs
+from .rank_env import rank_envs, reason_file
 from .rank_io import CANNOT_EXECUTE, hang_up, heartbeat, start_failure
 
 # A tunnel's door that does not permit the forward accepts, then hangs up.
@@ -328,7 +329,9 @@ class Attempt:
         if (note := teardown_note(rank, code, last)) is not None:
             self.log(note)
         averager.rank_exited(rank)
-        write_parts(writer, client.send(wire.Kind.RANK_EXITED, {"rank": rank, "code": code}))
+        said = exit_reason.read(reason_file(averager.directory / f"metrics-{rank}.json")) if code else ""
+        exited = {"rank": rank, "code": code} | ({"reason": said} if said else {})
+        write_parts(writer, client.send(wire.Kind.RANK_EXITED, exited))
         return code
 
     async def _rendezvous(
@@ -416,7 +419,7 @@ async def join_once(
     options: AgentOptions, log: Callable[[str], None], on_wait: Callable[[bool], None] = lambda _: None
 ) -> int:
     offer = box_offer(options.devices)
-    options, prepared = await get_ready(options, log)
+    options, prepared = await get_ready(options, log, offer.variant)
     if options.docker:  # before the dial: a box that cannot start its ranks must not take any
         cwd = prepared.cwd if prepared else None  # the published tree's compose file is the run's
         await check_service(options.docker, options, cwd, {}, run=prepared is not None)

@@ -20,7 +20,7 @@ from ..hardware.gpus import amd_access, read_cards, read_torch
 from ..hardware.offer import Offer, resolve_offer
 from ..net import DEAD_MOUNT, socket_ifnames
 from ..retry import Transient, failure
-from ..sources.build import rank_path
+from ..sources.build import entry_command, rank_path
 from ..train.signature import ProbeFailed, dataset_signature, probe_model
 from .options import AgentOptions
 from .prepare import Prepared, PrepareFailure, mount_data, prepare, ready_dir
@@ -68,12 +68,31 @@ def data_signature(data_path: str) -> str:
         ) from None
 
 
-def _probe_model(prepared: Prepared, options: AgentOptions, log: Callable[[str], None]) -> str:
+def own_entry(options: AgentOptions, prepared: Prepared | None) -> tuple[list[str], Path] | None:
+    """What this box runs of its own, to probe, and where: the built source's entry (a
+    published run's, when its manifest asks every box to probe, whatever this box says),
+    else --bin / join.bin. None: nothing to probe (the launch's command, a compose service's
+    ranks, or the probe turned off)."""
+    if options.model_sig:  # known already (a launcher's spec)
+        return None
+    if prepared is not None and prepared.model_probe:
+        return list(prepared.command), prepared.cwd
+    if not options.model_probe or options.docker:
+        return None
+    if prepared is not None:
+        return list(prepared.command), prepared.cwd
+    if options.bin:
+        return entry_command(options.bin, options.args), Path.cwd()
+    return None
+
+
+def _probe_model(entry: tuple[list[str], Path], options: AgentOptions, log: Callable[[str], None]) -> str:
     """The model this box builds, for the hello; "" (no signature) when the probe fails:
     the formation check is then the backstop."""
+    command, cwd = entry
     try:
         cache = Path(options.stage).expanduser() / "model-signature.json"
-        sig = probe_model(prepared.command, prepared.cwd, box_env(this_box(options)) | options.env, cache)
+        sig = probe_model(command, cwd, box_env(this_box(options)) | options.env, cache)
     except ProbeFailed as exc:
         log(f"model probe: {exc}; dialling without a model signature")
         return ""
@@ -82,10 +101,11 @@ def _probe_model(prepared: Prepared, options: AgentOptions, log: Callable[[str],
 
 
 async def get_ready(
-    options: AgentOptions, log: Callable[[str], None]
+    options: AgentOptions, log: Callable[[str], None], variant: str = "cpu"
 ) -> tuple[AgentOptions, Prepared | None]:
-    """Mount, sign, fetch, build and probe as the options ask; the options with what the hello
-    now knows (dataset_sig, run_id, model_sig), and the prepared run (None without a source)."""
+    """Mount, sign, fetch, build (for the torch ``variant`` the offer runs in) and probe as
+    the options ask; the options with what the hello now knows (dataset_sig, run_id,
+    model_sig), and the prepared run (None without a source)."""
     try:
         if options.data_source and options.data_path:
             await asyncio.to_thread(
@@ -95,14 +115,16 @@ async def get_ready(
             # Before the dial: admission starts a deadline, and refuses a box whose data differs.
             ready_dir(signature_cache().parent, log)
             options = replace(options, dataset_sig=await asyncio.to_thread(data_signature, options.data_path))
-        if options.source is None:
-            return options, None
-        prepared = await asyncio.to_thread(
-            prepare, options.source, Path(options.stage).expanduser(), options.ssh, options.args, log
-        )
+        prepared = None
+        if options.source is not None:
+            stage = Path(options.stage).expanduser()
+            prepared = await asyncio.to_thread(
+                prepare, options.source, stage, options.ssh, options.args, log, variant
+            )
+            options = replace(options, run_id=prepared.run or options.run_id)
+        if (entry := own_entry(options, prepared)) is not None:
+            # Before the dial: the window then refuses a box whose model differs, by name.
+            options = replace(options, model_sig=await asyncio.to_thread(_probe_model, entry, options, log))
     except PrepareFailure as exc:
         raise failure(exc.message, exc.fix, exc.code) from None
-    options = replace(options, run_id=prepared.run or options.run_id)
-    if prepared.model_probe and not options.model_sig:
-        options = replace(options, model_sig=await asyncio.to_thread(_probe_model, prepared, options, log))
     return options, prepared

@@ -39,4 +39,5 @@ class AgentOptions:
     heartbeat_every: float = HEARTBEAT_EVERY  # seconds between beats while ranks train
     # What only this box knows beats what the controller's cluster file says of it (the envelope):
     docker: str = ""  # the compose service its ranks run in (join.docker / workers[].docker)
+    model_probe: bool = True  # probe the model its own entry builds before each dial (join.model_probe)
     gpu_ram_share: float | None = None  # APU boxes: the RAM fraction the GPU claims (join.gpu_ram_share)

@@ -35,7 +35,7 @@ from ..config.models import Source, Ssh
 from ..errors import PERMANENT, TRANSIENT, Failure, host_key_mismatch
 from ..net import DEAD_MOUNT, ssh_argv
 from ..probing.probe import dir_facts, dir_findings
-from ..sources.build import entry_command, run_build
+from ..sources.build import entry_command, run_build, variant_env
 from ..sources.confine import entry_outside
 from ..sources.fetch import CHECKOUT, EXCLUDES, fetch_git, mirror_argv, pinned_ssh
 from ..sources.manifest import (
@@ -345,12 +345,14 @@ def _differs(name: str, local: object, run: object, log: Callable[[str], None]) 
 
 
 def _build(
-    tree: Path, stage: Path, cwd: str, build: str | None, digest: str, log: Callable[[str], None]
-) -> Path:
-    """Copy the tree to ``<stage>/build`` and run the build there, unless the last good build
-    was of this very digest and line; the build directory."""
+    tree: Path, stage: Path, cwd: str, build: str | None, digest: str, log: Callable[[str], None],
+    variant: str,
+) -> Path:  # fmt: skip
+    """Copy the tree to ``<stage>/build`` and run the build there for ``variant`` (its
+    FDL_TORCH_VARIANT and FDL_GPU_FEATURE), unless the last good build was of this very
+    digest, line and variant; the build directory."""
     built = stage / "build"
-    stamp = f"{digest}\n{build or ''}\n"
+    stamp = f"{digest}\n{build or ''}\n{variant}\n"
     if (built / STAMP).is_file() and (built / STAMP).read_text() == stamp:
         return built
     built.mkdir(parents=True, exist_ok=True)
@@ -362,7 +364,7 @@ def _build(
         )
     if build:
         log(f"building: {build}  (in {built / cwd})")
-        done = run_build(build, built / cwd)
+        done = run_build(build, built / cwd, variant_env(variant))
         if done.returncode != 0:
             message = done.failure()
             missing = missing_package(done.output)
@@ -457,8 +459,10 @@ def prepare(
     ssh: Ssh | None = None,
     local_args: list[str] | None = None,
     log: Callable[[str], None] = lambda _: None,
+    variant: str = "cpu",
 ) -> Prepared:
-    """Fetch, check against the manifest, build; what the ranks run. Raises PrepareFailure."""
+    """Fetch, check against the manifest, build for the torch ``variant`` the ranks run in;
+    what the ranks run. Raises PrepareFailure."""
     ready_dir(stage, log)
     tree = fetch(source, stage, ssh)
     manifest = _manifest(tree, source)
@@ -470,7 +474,7 @@ def prepare(
             "cwd is a path inside the tree, not on this box: fix it where the run is published",
             PERMANENT,
         )
-    built = _build(tree, stage, cwd, build, digest, log)
+    built = _build(tree, stage, cwd, build, digest, log, variant)
     path = _entry_path(built, cwd, entry, build, manifest is not None)
     command = entry_command(path, args)
     log(f"prepared run {manifest.run if manifest else '(no manifest)'}: {shlex.join(command)}")

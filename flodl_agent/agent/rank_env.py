@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..observe.exit_reason import ENV as REASON_ENV
 from ..observe.metrics import ENV as METRICS_ENV
 from ..protocol.messages import WorldFormed
 from ..train.device_memory import SHARE_ENV
@@ -25,6 +26,11 @@ class Box:
     env: Mapping[str, str] = field(default_factory=dict)  # the box's own env: entries (they win)
     ifnames: Mapping[str, str] = field(default_factory=dict)  # socket_ifnames() against this box
     gpu_ram_share: float | None = None  # join.gpu_ram_share: beats what the envelope says of this host
+
+
+def reason_file(report: Path) -> Path:
+    """Where a rank leaves why it ended (observe.exit_reason): beside its progress file."""
+    return report.with_name(report.name.replace("metrics-", "exit-", 1).removesuffix(".json") + ".txt")
 
 
 def box_env(box: Box) -> dict[str, str]:
@@ -89,5 +95,6 @@ def rank_envs(
             env["CUDA_VISIBLE_DEVICES"] = device.split(":")[1]
         if reports is not None:
             env[METRICS_ENV] = str(reports[mine.first_rank + local])
+            env[REASON_ENV] = str(reason_file(reports[mine.first_rank + local]))
         envs.append(env)
     return envs

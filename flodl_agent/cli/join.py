@@ -128,6 +128,12 @@ class _JoinCommand(TailCommand):
 @click.option("--devices", help="Devices to offer: 0,1 | all | cpu:N, at most 1024 (default: every GPU).")
 @click.option("--persist/--no-persist", default=None, help="Re-dial with backoff until a permanent failure.")
 @click.option(
+    "--model-probe/--no-model-probe",
+    default=None,
+    help="Before each dial, run this box's own entry (--bin, join.source) once to learn the model it "
+    "builds, so the window refuses a box whose model differs (default: on; cached until the entry changes).",
+)
+@click.option(
     "--bin",
     "entry",
     metavar="PATH",
@@ -158,6 +164,7 @@ def join_cmd(
     host_name: str | None,
     devices: str | None,
     persist: bool | None,
+    model_probe: bool | None,
     entry: str | None,
     docker: str | None,
     libtorch: str | None,
@@ -197,6 +204,7 @@ def join_cmd(
         bin=entry,
         args=tuple(click.get_current_context().meta["tail"] or ()),
         docker=docker,
+        model_probe=model_probe,
     )
     try:
         settings = resolve_join(flags, spec, block, socket.gethostname())
@@ -222,6 +230,7 @@ def join_cmd(
         tls_fingerprint=settings.tls_fingerprint,
         gpu_ram_share=settings.gpu_ram_share,
         docker=settings.docker,
+        model_probe=settings.model_probe,
     )
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
 

@@ -74,6 +74,7 @@ class JoinFlags:
     bin: str | None = None
     args: tuple[str, ...] = ()
     docker: str | None = None
+    model_probe: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class JoinSettings:
     notes: tuple[str, ...] = ()
     gpu_ram_share: float | None = None
     docker: str = ""  # the compose service the ranks run in ("": on the box itself)
+    model_probe: bool = True  # probe this box's own entry's model before each dial
 
 
 def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
@@ -136,6 +138,7 @@ JOIN: dict[str, Precedence] = {
         ("flags.pin", "flags.env_pin", "spec.tls_fingerprint", "block.tls_fingerprint")
     ),
     "persist": Precedence(("flags.persist", "block.persist"), none),
+    "model_probe": Precedence(("flags.model_probe", "block.model_probe"), none),
     # The box's own join block beats its cluster entry (a later road knows the box better).
     "gpu_ram_share": Precedence(("block.gpu_ram_share", "spec.gpu_ram_share"), none),
     "docker": Precedence(("flags.docker", "spec.docker", "block.docker")),
@@ -308,6 +311,7 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         args=args,
         tls_fingerprint=pin or "",
         persist=bool(JOIN["persist"].pick(places)[0]),
+        model_probe=JOIN["model_probe"].pick(places)[0] is not False,
         notes=tuple(notes),
         gpu_ram_share=JOIN["gpu_ram_share"].pick(places)[0],
         docker=docker or "",

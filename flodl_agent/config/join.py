@@ -57,6 +57,9 @@ class Join(Model):
         default_factory=list, description="arguments for bin (or source's entry), verbatim"
     )
     persist: bool = Field(False, description="re-dial with backoff whenever the agent exits")
+    model_probe: bool = Field(
+        True, description="before each dial, probe the model this box's own entry builds (bin, source)"
+    )
     data_path: AbsPath | None = Field(None, description="the local data root this box's ranks read")
     data_source: DataSourceText | None = Field(
         None, description="mount data_path read-only from here when it is not there"

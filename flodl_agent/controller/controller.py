@@ -434,7 +434,7 @@ class Controller:
         if supervisor.all_exited(host) and self.traffic is not None:
             self.traffic.ranks_done(host)
         # An agent whose ranks could not start says why: its command is missing, say.
-        how = f"could not start: {exited.error}" if exited.error else exit_words(exited.code)
+        how = f"could not start: {exited.error}" if exited.error else exit_words(exited.code, exited.reason)
         ended = f"rank {exited.rank} on {host} {how}"
         self.note("exit", ended)
         if exited.code != 0 and self.window.phase == "training":

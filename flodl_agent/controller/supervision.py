@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from ..config.ranks import rank_span
 
 
-def exit_words(code: int) -> str:
-    """How a rank ended, as people read it: "exited with code 3", "was killed by SIGABRT (-6)"."""
+def exit_words(code: int, reason: str = "") -> str:
+    """How a rank ended, as people read it: "exited with code 3", "was killed by SIGABRT (-6)";
+    with the rank's own ``reason`` after a colon when it gave one."""
+    if reason:
+        return f"{exit_words(code)}: {reason}"
     if code >= 0:
         return f"exited with code {code}"
     try:

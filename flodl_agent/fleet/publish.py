@@ -50,7 +50,7 @@ from pathlib import Path
 import yaml
 
 from ..agent.containers import ComposeError, run_in_service
-from ..sources.build import Build, entry_command, rank_path, run_build
+from ..sources.build import Build, entry_command, rank_path, run_build, variant_env
 from ..sources.confine import describe_links, entry_outside, escaping_links, overlapping, path_outside
 from ..sources.fetch import CHECKOUT, fetch_git, mirror, pinned_ssh
 from ..sources.manifest import (
@@ -194,7 +194,7 @@ def _runnable(root: Path, request: PublishRequest) -> None:
 
 
 # The controller's own environment builds and probes: its venv, the CPU variant.
-_GATE_ENV = {"FDL_TORCH_VARIANT": "cpu"}
+_GATE_ENV = variant_env("cpu")
 DOCKER_FIELD, ARCH_FIELD = "cluster.controller.docker", "cluster.controller.arch"
 
 
@@ -235,7 +235,7 @@ def _where(request: PublishRequest) -> _Where:
                 "install the variant there (python3 -m venv, then its torch), point cluster.controller.path "
                 "at the root that holds libtorch/<arch>, or drop arch to build with this venv",
             )
-        env = {"FDL_TORCH_VARIANT": Path(request.gate_venv).name}
+        env = variant_env(Path(request.gate_venv).name)
         return _Where(
             os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]), str(bin_dir / "python"), env
         )

@@ -180,6 +180,7 @@ class RankExited(Msg):
     rank: int
     code: int
     error: Short = ""  # the rank never started, and why (its command missing, not executable)
+    reason: Short = ""  # it ran and ended, and says why (observe.exit_reason: a model mismatch)
 
 
 class Abort(Msg):

@@ -133,9 +133,25 @@ def probe_model(
     answer is written).
     """
     key = probe_key(command, cwd)
-    cached = _read_cache(cache)
-    if isinstance(cached.get(key), str):
-        return str(cached[key])
+    cached = _read_cache(cache).get(key)
+    if isinstance(cached, str):
+        return cached
+    if isinstance(cached, dict) and isinstance(cached.get("failed"), str):
+        raise ProbeFailed(f"{cached['failed']} (remembered until the entry changes)")
+    try:
+        sig = _ask(command, cwd, env, timeout, run, scratch)
+    except ProbeFailed as exc:
+        if cache is not None:  # an entry that does not answer is not run again for every dial
+            _write_cache(cache, {key: {"failed": str(exc)}})
+        raise
+    if cache is not None:
+        _write_cache(cache, {key: sig})  # only the latest: a box runs one run at a time
+    return sig
+
+
+def _ask(
+    command: list[str], cwd: Path, env: dict[str, str], timeout: float, run: Runner, scratch: Path | None
+) -> str:
     with tempfile.TemporaryDirectory(prefix="flodl-probe-", dir=scratch) as where:
         answer = Path(where) / "signature"
         child_env = {k: v for k, v in env.items() if k not in _NOT_FOR_PROBES}
@@ -146,10 +162,7 @@ def probe_model(
             raise ProbeFailed(
                 f"the entry exited {code} without answering the model probe" + (f" ({tail})" if tail else "")
             )
-        sig = answer.read_text().strip()
-    if cache is not None:
-        _write_cache(cache, {key: sig})  # only the latest: a box runs one run at a time
-    return sig
+        return answer.read_text().strip()
 
 
 def check_formation(signatures: dict[int, str]) -> None:

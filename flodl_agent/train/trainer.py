@@ -24,6 +24,7 @@ and streams batch by batch otherwise; the batches are the same either way.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -31,9 +32,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
+from ..observe import exit_reason
 from ..observe.metrics import report as report_progress
 from .device_memory import Budget, Device, device_budget, resolve_share
-from .signature import answer_probe, check_formation, model_signature
+from .signature import ModelMismatch, answer_probe, check_formation, model_signature
 
 FORMATION_TIMEOUT = 300.0  # seconds a rank waits for the others' model signatures
 Plane = Literal["nccl", "cpu"]
@@ -286,7 +288,12 @@ class Trainer:
         )
         prefix = f"flodl/{os.environ.get('FLODL_LAUNCH', '')}/model_sig"
         store.set(f"{prefix}/{self.rank}", model_signature(self.model))
-        check_formation({r: store.get(f"{prefix}/{r}").decode() for r in range(self.world)})
+        try:
+            check_formation({r: store.get(f"{prefix}/{r}").decode() for r in range(self.world)})
+        except ModelMismatch as exc:  # the user's to fix, not a bug: one line, not a traceback
+            exit_reason.say(str(exc))
+            print(f"flodl: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
 
     def _plane(self) -> Callable[[list[Any], float], float]:
         if self.config.plane == "cpu":

@@ -386,6 +386,50 @@ def test_a_walk_in_brings_its_own_command_and_the_controller_names_it(tmp_path: 
     assert "none is named" in refused.stderr and "--bin PATH" in refused.stderr
 
 
+TRAINER_ENTRY = """
+import sys, torch
+from flodl_agent.train import ElCheConfig, Trainer
+
+width = int(sys.argv[1])  # the model this box builds: its arguments reach the model factory
+Trainer(lambda: torch.nn.Linear(width, 1), [(torch.zeros(width), torch.zeros(1))] * 8,
+        lambda p: torch.optim.SGD(p, lr=0.1), torch.nn.functional.mse_loss, ElCheConfig.cpu_sync()).fit(1)
+"""
+
+
+def test_a_walk_in_whose_own_entry_builds_another_model_is_refused_at_the_window(tmp_path: Path) -> None:
+    """--bin boxes probe their model before the dial: the odd one is refused by name, before
+    the world forms, and the world forms from the boxes that agree."""
+    port = free_port()
+    loopback_cluster(tmp_path, port, min_rank_start=2, target_ranks=2, join_timeout=90, max_join_timeout=120)
+    (tmp_path / "train.py").write_text(TRAINER_ENTRY)
+    env = {**os.environ, "NO_COLOR": "1", "HOME": str(tmp_path)}  # its own probe cache
+    launch = launch_json(tmp_path, env, [sys.executable, "-c", "raise SystemExit(3)"])
+    join = ["fdl", "join", f"127.0.0.1:{port}", "--devices", "cpu:1", "--bin", "train.py", "--host"]
+    try:
+        wait_for(lambda: state(tmp_path, env).get("phase") == "waiting")
+        first = subprocess.Popen([*join, "a", "--", "2"], cwd=tmp_path, env=env, text=True)
+        wait_for(lambda: len(state(tmp_path, env).get("hosts") or []) == 1, timeout=60)
+        odd = fdl("join", f"127.0.0.1:{port}", "--devices", "cpu:1", "--bin", "train.py", "--host", "b",
+                  "--", "3", cwd=tmp_path, env=env, timeout=90)  # fmt: skip
+        assert odd.returncode == 1, odd.stderr  # refused, transient: --persist would re-dial
+        assert "model probe: this box builds" in odd.stderr
+        assert "model mismatch: the model this box builds differs from the cohort's (first signed by a)" in (
+            odd.stderr
+        )
+        assert state(tmp_path, env).get("phase") == "waiting"  # nothing formed with it
+        second = subprocess.Popen([*join, "c", "--", "2"], cwd=tmp_path, env=env, text=True)
+        assert first.wait(timeout=120) == 0 and second.wait(timeout=120) == 0
+        assert launch.wait(timeout=30) == 0
+        assert launch.stdout is not None and launch.stderr is not None
+        report, log = json.loads(launch.stdout.read()), launch.stderr.read()
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        launch.wait()
+    assert sorted(h["host"] for h in report["hosts"]) == ["a", "c"]
+    assert "refused b" in log and "model mismatch" in log
+
+
 def test_the_quick_starts_one_machine_walkthrough_with_the_shipped_local_example(tmp_path: Path) -> None:
     """docs/quickstart.md "On one machine", command for command (a free port instead of 1337)."""
     example = fdl("config", "example", "local", cwd=tmp_path)

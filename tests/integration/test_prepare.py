@@ -105,6 +105,21 @@ def test_no_manifest_is_a_quiet_wait_unless_the_box_names_its_own_artifact(tmp_p
     ]
 
 
+def test_a_node_build_learns_the_variant_it_builds_for_and_rebuilds_for_another(tmp_path: Path) -> None:
+    served = published(tmp_path)
+    (served / "tree" / MANIFEST).unlink()  # this box's own build line, as join.source.build names it
+    line = 'echo "$FDL_TORCH_VARIANT/$FDL_GPU_FEATURE" >> variants'
+    spec = source(served, cwd="pkg", build=line, bin="train.py")
+    built = tmp_path / "stage" / "build" / "pkg"
+    prepare(spec, tmp_path / "stage", variant="rocm6.4")
+    prepare(spec, tmp_path / "stage", variant="rocm6.4")  # the same digest, line and variant: no build
+    assert (built / "variants").read_text().split() == ["rocm6.4/rocm"]
+    prepare(spec, tmp_path / "stage", variant="cu128")  # the box's offer changed: built afresh for it
+    assert (built / "variants").read_text().split() == ["cu128/cuda"]
+    prepare(spec, tmp_path / "stage")  # cpu: the feature list is empty, the default build
+    assert (built / "variants").read_text().split() == ["cpu/"]
+
+
 def test_a_tree_fetched_across_a_publish_boundary_is_refused_until_it_matches(tmp_path: Path) -> None:
     served = published(tmp_path)
     (served / "tree" / "pkg" / "train.py").write_text("half of the next publish\n")

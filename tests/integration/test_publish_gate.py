@@ -56,13 +56,13 @@ def test_arch_builds_and_probes_with_that_variants_venv(tmp_path: Path) -> None:
     venv = root / "libtorch" / "precompiled" / "cu128"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     cluster = cluster_file(tmp_path, path=str(root), arch="precompiled/cu128")
-    build = "python -c 'import sys; print(sys.prefix)' > prefix && echo $FDL_TORCH_VARIANT > variant"
+    build = "python -c 'import sys; print(sys.prefix)' > prefix && echo $FDL_TORCH_VARIANT $FDL_GPU_FEATURE > variant"
     flags = ("--build", build, "--bin", "probe.py", "--model-probe")
     done = publish(source(tmp_path / "src"), tmp_path / "served", cluster, *flags)
     assert done.exit_code == 0, done.output
     gate = tmp_path / "served" / "gate" / "pkg"
     assert (gate / "prefix").read_text().strip() == str(venv)  # its bin/ first on PATH
-    assert (gate / "variant").read_text().strip() == "cu128"
+    assert (gate / "variant").read_text().strip() == "cu128 cuda"  # the variant, seed 000's feature
     manifest = read_manifest(tmp_path / "served" / "tree")
     assert manifest is not None and manifest.model_sig == hashlib.sha256(f"box {venv}".encode()).hexdigest()
 

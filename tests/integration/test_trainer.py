@@ -119,12 +119,16 @@ def test_a_model_mismatch_at_formation_names_the_ranks(
         await ctl.start()
         await walk_ins(ctl, ("box-a", 1), ("box-b", 1))
         await ctl.finished.wait()
-        assert ctl.exit_code == 1 and "exited with code 1" in ctl.reason
+        # the run's verdict says why, in the rank's own words: both ranks and the fix
+        assert ctl.exit_code == 1
+        assert "exited with code 2: model mismatch at formation: rank 0 builds" in ctl.reason
+        assert "; rank 1 builds" in ctl.reason and "a stale source tree, a wrong bin" in ctl.reason
         await ctl.close()
 
     run(scenario)
     printed = capsys.readouterr().out
     assert "model mismatch at formation: rank 0 builds" in printed and "; rank 1 builds" in printed
+    assert "Traceback" not in printed  # one line, not a stack
 
 
 def test_a_box_whose_data_root_differs_is_refused_at_admission(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,10 +10,12 @@ import pytest
 from flodl_agent.train.signature import (
     PROBE_ENV,
     ModelMismatch,
+    ProbeFailed,
     answer_probe,
     check_formation,
     dataset_signature,
     model_signature,
+    probe_model,
 )
 
 
@@ -75,3 +78,28 @@ def test_the_trainer_answers_a_model_probe_before_anything_trains(
         )
     assert done.value.code == 0
     assert answer.read_text() == model_signature(torch.nn.Linear(3, 2))
+
+
+def test_an_entry_that_does_not_answer_the_probe_is_remembered_until_it_changes(tmp_path: Path) -> None:
+    entry = tmp_path / "train.py"
+    entry.write_text("print('training alone')\n")  # a plain script: it never answers
+    cache = tmp_path / "model-signature.json"
+    runs: list[dict[str, str]] = []
+
+    def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+        runs.append(env)
+        if "answer" in entry.read_text():
+            Path(env[PROBE_ENV]).write_text("ab" * 32)
+        return 0, "training alone\n"
+
+    command = ["python", "train.py"]
+    with pytest.raises(ProbeFailed, match="exited 0 without answering the model probe"):
+        probe_model(command, tmp_path, {"RANK": "0", "PATH": "/bin"}, cache, run=run)
+    assert "RANK" not in runs[0] and runs[0]["CUDA_VISIBLE_DEVICES"] == ""  # a probe is not a rank
+    with pytest.raises(ProbeFailed, match="remembered until the entry changes"):
+        probe_model(command, tmp_path, {}, cache, run=run)  # every re-dial: not run again
+    assert len(runs) == 1
+    entry.write_text("# answer\n")
+    os.utime(entry, ns=(1, 1))  # the entry changed: its mtime is the cache key's
+    assert probe_model(command, tmp_path, {}, cache, run=run) == "ab" * 32
+    assert probe_model(command, tmp_path, {}, cache, run=run) == "ab" * 32 and len(runs) == 2
