@@ -329,7 +329,7 @@ class Attempt:
         if (note := teardown_note(rank, code, last)) is not None:
             self.log(note)
         averager.rank_exited(rank)
-        said = exit_reason.read(reason_file(averager.directory / f"metrics-{rank}.json")) if code else ""
+        said = exit_reason.read(reason_file(averager.directory, rank)) if code else ""
         exited = {"rank": rank, "code": code} | ({"reason": said} if said else {})
         write_parts(writer, client.send(wire.Kind.RANK_EXITED, exited))
         return code

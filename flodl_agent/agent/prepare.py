@@ -33,9 +33,10 @@ from typing import Literal
 
 from ..config.models import Source, Ssh
 from ..errors import PERMANENT, TRANSIENT, Failure, host_key_mismatch
+from ..hardware.variants import variant_env
 from ..net import DEAD_MOUNT, ssh_argv
 from ..probing.probe import dir_facts, dir_findings
-from ..sources.build import entry_command, run_build, variant_env
+from ..sources.build import entry_command, run_build
 from ..sources.confine import entry_outside
 from ..sources.fetch import CHECKOUT, EXCLUDES, fetch_git, mirror_argv, pinned_ssh
 from ..sources.manifest import (

@@ -28,9 +28,10 @@ class Box:
     gpu_ram_share: float | None = None  # join.gpu_ram_share: beats what the envelope says of this host
 
 
-def reason_file(report: Path) -> Path:
-    """Where a rank leaves why it ended (observe.exit_reason): beside its progress file."""
-    return report.with_name(report.name.replace("metrics-", "exit-", 1).removesuffix(".json") + ".txt")
+def reason_file(directory: Path, rank: int) -> Path:
+    """Where a rank leaves why it ended (observe.exit_reason): the run's directory, beside its
+    progress file."""
+    return directory / f"exit-{rank}.txt"
 
 
 def box_env(box: Box) -> dict[str, str]:
@@ -94,7 +95,8 @@ def rank_envs(
         if device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = device.split(":")[1]
         if reports is not None:
-            env[METRICS_ENV] = str(reports[mine.first_rank + local])
-            env[REASON_ENV] = str(reason_file(reports[mine.first_rank + local]))
+            report = reports[mine.first_rank + local]
+            env[METRICS_ENV] = str(report)
+            env[REASON_ENV] = str(reason_file(report.parent, mine.first_rank + local))
         envs.append(env)
     return envs

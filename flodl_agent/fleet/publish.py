@@ -50,7 +50,8 @@ from pathlib import Path
 import yaml
 
 from ..agent.containers import ComposeError, run_in_service
-from ..sources.build import Build, entry_command, rank_path, run_build, variant_env
+from ..hardware.variants import variant_env
+from ..sources.build import Build, entry_command, rank_path, run_build
 from ..sources.confine import describe_links, entry_outside, escaping_links, overlapping, path_outside
 from ..sources.fetch import CHECKOUT, fetch_git, mirror, pinned_ssh
 from ..sources.manifest import (

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..protocol.messages import vendor_of
 from ..retry import AgentFailure, Permanent, Transient
 from .gpus import Gpu, Torch
 from .offer import covers
@@ -457,3 +458,12 @@ def choice_json(choice: Choice) -> dict[str, Any]:
         "acquire": choice.acquire,
         "reason": choice.reason,
     }
+
+
+def variant_env(variant: str) -> dict[str, str]:
+    """What a build line learns of the torch variant it builds for: ``FDL_TORCH_VARIANT``, the
+    variant itself (cpu, cu128, rocm6.4), and ``FDL_GPU_FEATURE``, seed 000's name for the
+    GPU feature to build (its vendor, cuda or rocm; empty for cpu: ``--features
+    "$FDL_GPU_FEATURE"`` then builds the default)."""
+    vendor = vendor_of(variant)
+    return {"FDL_TORCH_VARIANT": variant, "FDL_GPU_FEATURE": "" if vendor == "cpu" else vendor}

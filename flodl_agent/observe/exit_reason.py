@@ -14,6 +14,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from ..protocol.messages import shown
+
 ENV = "FLODL_EXIT_REASON"
 LIMIT = 256  # what the rank's exit message carries (protocol.messages.Short)
 
@@ -36,6 +38,4 @@ def read(path: Path) -> str:
             raw = f.read(4 * LIMIT)
     except OSError:
         return ""
-    text = " ".join(raw.decode(errors="replace").split())  # one line, whatever the rank wrote
-    text = "".join(c if c.isprintable() else "?" for c in text)
-    return text if len(text) <= LIMIT else text[: LIMIT - 1] + "…"
+    return shown(" ".join(raw.decode(errors="replace").split()), LIMIT)  # one line, whatever it wrote

@@ -38,15 +38,6 @@ def run_build(line: str, workdir: Path, env: dict[str, str] | None = None, path:
     return Build(line, proc.returncode, (proc.stdout + proc.stderr).strip())
 
 
-def variant_env(variant: str) -> dict[str, str]:
-    """What a build line learns of the torch variant it builds for: ``FDL_TORCH_VARIANT``, the
-    variant itself (cpu, cu128, rocm6.4), and ``FDL_GPU_FEATURE``, seed 000's name for the
-    GPU feature to build (cuda, rocm; empty for cpu: ``--features "$FDL_GPU_FEATURE"`` then
-    builds the default)."""
-    feature = "cuda" if variant.startswith("cu") else "rocm" if variant.startswith("rocm") else ""
-    return {"FDL_TORCH_VARIANT": variant, "FDL_GPU_FEATURE": feature}
-
-
 def entry_command(entry: str | Path, args: list[str], python: str = sys.executable) -> list[str]:
     """How a box runs an entry point: a Python script that is not executable runs under
     this interpreter (the variant's venv), or ``python``. A string stays as written

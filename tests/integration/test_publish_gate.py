@@ -56,7 +56,10 @@ def test_arch_builds_and_probes_with_that_variants_venv(tmp_path: Path) -> None:
     venv = root / "libtorch" / "precompiled" / "cu128"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     cluster = cluster_file(tmp_path, path=str(root), arch="precompiled/cu128")
-    build = "python -c 'import sys; print(sys.prefix)' > prefix && echo $FDL_TORCH_VARIANT $FDL_GPU_FEATURE > variant"
+    build = (
+        "python -c 'import sys; print(sys.prefix)' > prefix"
+        " && echo $FDL_TORCH_VARIANT $FDL_GPU_FEATURE > variant"
+    )
     flags = ("--build", build, "--bin", "probe.py", "--model-probe")
     done = publish(source(tmp_path / "src"), tmp_path / "served", cluster, *flags)
     assert done.exit_code == 0, done.output

@@ -13,7 +13,7 @@ from flodl_agent.observe import exit_reason
 def test_a_rank_leaves_its_reason_where_the_agent_looks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    where = reason_file(tmp_path / "metrics-3.json")
+    where = reason_file(tmp_path, 3)
     assert where == tmp_path / "exit-3.txt"
     monkeypatch.setenv(exit_reason.ENV, str(where))
     exit_reason.say("model mismatch at formation: rank 0 builds aa; rank 1 builds bb")
