@@ -9,10 +9,13 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 AUDIT       := build/audit-venv
 SSLYZE      := sslyze>=6.1,<7
 AUDIT_STAMP := $(AUDIT)/.installed-$(shell echo '$(SSLYZE)' | sha256sum | cut -c1-12)
+# Mermaid's parser for the docs' diagrams (tests/integration/test_doc_diagrams.py), from npm.
+MERMAID       := tests/support/mermaid
+MERMAID_STAMP := $(MERMAID)/node_modules/.installed-$(shell sha256sum $(MERMAID)/package-lock.json | cut -c1-12)
 
 .PHONY: setup system-deps demo test test-fast test-lab test-molecule lint collection sanity dist typecheck unit fuzz mutate lab-up lab-down gpu-wheels clean
 
-setup: $(STAMP) $(AUDIT_STAMP)
+setup: $(STAMP) $(AUDIT_STAMP) $(MERMAID_STAMP)
 
 system-deps:
 	bash scripts/system-deps
@@ -27,6 +30,10 @@ $(AUDIT_STAMP): | system-deps
 	test -x $(AUDIT)/bin/python || python3 -m venv $(AUDIT)
 	$(AUDIT)/bin/pip install --quiet '$(SSLYZE)'
 	rm -f $(AUDIT)/.installed-* && touch $@
+
+$(MERMAID_STAMP): $(MERMAID)/package-lock.json | system-deps
+	cd $(MERMAID) && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
 
 demo: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo
@@ -139,4 +146,4 @@ gpu-wheels: setup
 	$(PY) -m bench.gpu_wheels
 
 clean:
-	rm -rf $(VENV) build mutants .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build mutants .pytest_cache .mypy_cache .ruff_cache .hypothesis $(MERMAID)/node_modules

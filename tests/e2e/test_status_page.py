@@ -193,9 +193,20 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         table_rows = browser.execute_script(script, f"#{table} tbody tr")
         return [[str(cell).strip() for cell in row] for row in table_rows]
 
+    def steps() -> tuple[str, list[str]]:
+        # The phase line: the step marked current, and those marked past.
+        script = (
+            "const li = [...document.querySelectorAll('#phases li')];"
+            "return [li.filter(l => l.getAttribute('aria-current') === 'step').map(l => l.textContent),"
+            " li.filter(l => l.classList.contains('past')).map(l => l.textContent)]"
+        )
+        (current,), past = browser.execute_script(script)
+        return str(current), [str(p) for p in past]
+
     try:
         browser.get(f"http://127.0.0.1:{ctl.port}/")
         wait.until(lambda _: text("phase") == "waiting")
+        assert steps() == ("waiting", [])
         assert "Nobody has walked in yet." in browser.page_source
         assert not browser.find_element(By.ID, "start").is_displayed()  # nothing to start yet
         assert "window closes in" in text("countdown")
@@ -205,6 +216,7 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
             for n in ("box-a", "box-b")
         ]
         wait.until(lambda _: text("phase") == "staging")
+        assert steps() == ("staging", ["waiting"])
         roster = rows("roster")
         assert sorted(r[0] for r in roster) == ["box-a", "box-b"]
         assert all(r[3] == "cpu" for r in roster)  # the torch variant each box offers
@@ -218,6 +230,7 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
 
         start.click()  # the page posts /start from the controller box: no token needed
         wait.until(lambda _: text("phase") == "training")
+        assert steps() == ("training", ["waiting", "staging", "forming"])
         assert text("message").startswith("start accepted")
         wait.until(lambda _: len(rows("ranks")) == 2 and all(r[3] for r in rows("ranks")))
         ranks = rows("ranks")
@@ -276,6 +289,7 @@ def test_an_operator_watches_the_window_fill_starts_the_run_and_sees_ranks_train
         go.write_text("")
         assert [b.result(60) for b in boxes] == [0, 0]
         wait.until(lambda _: text("phase") == "done")
+        assert steps() == ("done", ["waiting", "staging", "forming", "training"])
         wait.until(lambda _: timeline()[0] == ("verdict", "run complete: every host link closed"))
         # All of it ran under the page's policy (hashed inline script and style, fetches to its
         # own origin, Trusted Types): a blocked script, style or fetch would be logged here.
