@@ -1,0 +1,156 @@
+"""docs/performance.md's plots, drawn from the benches' JSON in bench/results/.
+
+    python -m bench.plots            # (re)write docs/img/*.svg from bench/results/*.json
+    python -m bench.plots --check    # exit 1 naming each SVG that differs from what it would write
+
+Each bench's last line of JSON is what it keeps in bench/results/ (bench/README.md). The SVGs
+are byte for byte reproducible (fixed hash salt, no date), so the committed ones can be
+checked against the data they claim to show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("svg")
+import matplotlib.pyplot as plt  # after the backend is chosen
+from matplotlib.axes import Axes
+from matplotlib.typing import RcKeyType
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+OUT = ROOT / "docs" / "img"
+STYLE: dict[RcKeyType, Any] = {
+    "svg.hashsalt": "flodl",  # the ids matplotlib writes, fixed
+    "svg.fonttype": "path",  # glyphs as paths: no font needed where the page is read
+    "font.size": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.35,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+
+
+def _load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RESULTS / f"{name}.json").read_text())
+    return data
+
+
+def _when(data: dict[str, Any]) -> str:
+    measured = data.get("measured") or {}
+    return str(measured.get("date", "date not recorded"))
+
+
+def averaging(ax: Axes) -> None:
+    data = _load("averaging")
+    loop = [r for r in data["rows"] if r["net"] == "loopback"]
+    for ranks, colour in ((2, "tab:blue"), (4, "tab:orange")):
+        rows = sorted((r for r in loop if r["ranks"] == ranks), key=lambda r: r["model_mb"])
+        sizes = [r["model_mb"] for r in rows]
+        ax.plot(sizes, [r["gloo_s"] / r["hub_s"] for r in rows], "o-", color=colour,
+                label=f"{ranks} ranks, local socket")  # fmt: skip
+        tcp = [(r["model_mb"], r["gloo_s"] / r["hub_tcp_s"]) for r in rows if r.get("hub_tcp_s")]
+        ax.plot(*zip(*tcp, strict=True), "o--", color=colour, label=f"{ranks} ranks, TCP loopback")
+    for r in (r for r in data["rows"] if r["net"] == "shaped"):
+        colour = "tab:blue" if r["ranks"] == 2 else "tab:orange"
+        ax.plot(r["model_mb"], r["gloo_s"] / r["hub_s"], "s", color=colour, mfc="none")
+        ax.plot(r["model_mb"], r["gloo_s"] / r["hub_bf16_s"], "^", color=colour)
+    ax.plot([], [], "s", color="grey", mfc="none", label="shaped links, fp32")
+    ax.plot([], [], "^", color="grey", label="shaped links, bf16 on the wire")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 64, 512], ["1 MB", "64 MB", "512 MB"])
+    ax.set_xlabel("parameters averaged a round")
+    ax.set_ylabel("speed against gloo all_reduce (1 = parity)")
+    ax.set_title(f"The CPU plane against gloo, same run ({_when(data)})")
+    ax.legend(fontsize=7, loc="upper right")
+
+
+def formation(ax: Axes) -> None:
+    data = _load("join_storm")
+    rows = sorted(data["results"], key=lambda r: r["n"])
+    sizes = [r["n"] for r in rows]
+    series = (
+        ("formation_ms", "formed after the last hello", "o-"),
+        ("baseline_poll_formation_ms", "the same, a 20 ms polling window", "x:"),
+        ("fanout_ms", "of it, the fan-out", "o--"),
+        ("fanout_floor_ms", "one send a host alone (the floor)", "s-."),
+        ("status_p99_ms", "/state.json p99 during the storm", "d-"),
+    )
+    for key, label, fmt in series:
+        points = [(r["n"], r[key]) for r in rows if r.get(key)]
+        ax.plot(*zip(*points, strict=True), fmt, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
+    ax.set_xlabel("walk-ins in one storm")
+    ax.set_ylabel("milliseconds")
+    ax.set_title(f"Formation against fleet size ({_when(data)})")
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def converge(ax: Axes) -> None:
+    data = _load("fleet_converge")
+    rows = sorted(data["results"], key=lambda r: r["hosts"])
+    hosts = [r["hosts"] for r in rows]
+    ax.plot(hosts, [r["fresh_s"] for r in rows], "o-", label="site.yml from bare containers")
+    ax.plot(hosts, [r["baseline_no_change_s"] for r in rows], "x:", label="no change, Ansible's defaults")
+    ax.plot(hosts, [r["no_change_s"] for r in rows], "o--", label="no change, the project's settings")
+    ax.set_xticks(hosts)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("hosts in the lab fleet")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"site.yml converge against hosts ({_when(data)})")
+    ax.legend(fontsize=7, loc="upper left")
+
+
+PLOTS: dict[str, Callable[[Axes], None]] = {
+    "averaging.svg": averaging,
+    "formation.svg": formation,
+    "converge.svg": converge,
+}
+
+
+def render(draw: Callable[[Axes], None]) -> bytes:
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.4, 3.6))
+        draw(ax)
+        fig.tight_layout()
+        out = io.BytesIO()
+        fig.savefig(out, format="svg", metadata={"Date": None})
+        plt.close(fig)
+    return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.plots", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with docs/img/ instead of writing")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the SVGs go (default: docs/img)")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, draw in PLOTS.items():
+        svg, path = render(draw), args.out / name
+        if args.check:
+            if not path.is_file() or path.read_bytes() != svg:
+                stale.append(name)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(svg)
+        print(f"wrote {path}")
+    if stale:
+        names = ", ".join(stale)
+        print(f"out of date with bench/results/: {names}; run `python -m bench.plots`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
