@@ -23,7 +23,7 @@ import matplotlib
 matplotlib.use("svg")
 import matplotlib.pyplot as plt  # after the backend is chosen
 from matplotlib.axes import Axes
-from matplotlib.typing import RcKeyType
+from matplotlib.typing import LegendLocType, RcKeyType
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -49,6 +49,14 @@ def _when(data: dict[str, Any]) -> str:
     return str(measured.get("date", "date not recorded"))
 
 
+def _words(ax: Axes, data: dict[str, Any], title: str, x: str, y: str, legend: LegendLocType) -> None:
+    """The axes' labels, the title with the run's date, and the legend where the lines are not."""
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(f"{title} ({_when(data)})")
+    ax.legend(fontsize=7, loc=legend)
+
+
 def averaging(ax: Axes) -> None:
     data = _load("averaging")
     loop = [r for r in data["rows"] if r["net"] == "loopback"]
@@ -68,10 +76,8 @@ def averaging(ax: Axes) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks([1, 64, 512], ["1 MB", "64 MB", "512 MB"])
-    ax.set_xlabel("parameters averaged a round")
-    ax.set_ylabel("speed against gloo all_reduce (1 = parity)")
-    ax.set_title(f"The CPU plane against gloo, same run ({_when(data)})")
-    ax.legend(fontsize=7, loc="upper right")
+    _words(ax, data, "The CPU plane against gloo, same run", "parameters averaged a round",
+           "speed against gloo all_reduce (1 = parity)", "upper right")  # fmt: skip
 
 
 def formation(ax: Axes) -> None:
@@ -91,10 +97,7 @@ def formation(ax: Axes) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
-    ax.set_xlabel("walk-ins in one storm")
-    ax.set_ylabel("milliseconds")
-    ax.set_title(f"Formation against fleet size ({_when(data)})")
-    ax.legend(fontsize=7, loc="lower right")
+    _words(ax, data, "Formation against fleet size", "walk-ins in one storm", "milliseconds", "lower right")
 
 
 def converge(ax: Axes) -> None:
@@ -106,10 +109,7 @@ def converge(ax: Axes) -> None:
     ax.plot(hosts, [r["no_change_s"] for r in rows], "o--", label="no change, the project's settings")
     ax.set_xticks(hosts)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("hosts in the lab fleet")
-    ax.set_ylabel("seconds")
-    ax.set_title(f"site.yml converge against hosts ({_when(data)})")
-    ax.legend(fontsize=7, loc="upper left")
+    _words(ax, data, "site.yml converge against hosts", "hosts in the lab fleet", "seconds", "upper left")
 
 
 PLOTS: dict[str, Callable[[Axes], None]] = {
