@@ -137,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = []
     for name, draw in PLOTS.items():
-        svg, path = render(draw), args.out / name
+        try:
+            svg, path = render(draw), args.out / name
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a missing or hand-broken result
+            print(f"{name}: cannot draw it from {RESULTS}: {exc!r}; rerun its bench", file=sys.stderr)
+            return 1
         if args.check:
             if not path.is_file() or path.read_bytes() != svg:
                 stale.append(name)

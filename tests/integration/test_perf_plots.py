@@ -35,3 +35,14 @@ def test_a_changed_result_makes_its_plot_stale(
 def test_the_page_shows_every_plot() -> None:
     for name in plots.PLOTS:
         assert f"](img/{name})" in DOC
+
+
+def test_a_broken_result_is_named_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "results"
+    shutil.copytree(plots.RESULTS, results)
+    (results / "fleet_converge.json").write_text('{"results": [{"hosts": 3}]}')
+    monkeypatch.setattr(plots, "RESULTS", results)
+    assert plots.main(["--check"]) == 1
+    assert "converge.svg: cannot draw it from" in capsys.readouterr().err
