@@ -20,8 +20,9 @@ from rich.live import Live
 from ..address import split_address
 from ..config import Cluster, ConfigError, load_config
 from ..config.source import NotRegular
+from ..controller.journaling import lost_verdict
 from ..observe.status import Unreachable, peer, render, render_verdict, request
-from ..observe.verdict import last_verdict
+from ..observe.verdict import last_verdict, on_this_box
 from .common import (
     CLUSTER_FILE,
     emit_json,
@@ -87,6 +88,10 @@ def _gone(where: str, problem: Unreachable, as_json: bool, lines: bool = False) 
     with contextlib.suppress(ValueError):
         host, port = split_address(where)
         verdict = last_verdict(host, port)
+        # A controller killed mid-run kept no verdict: its journal tells, over an older launch's verdict.
+        lost = lost_verdict(port) if on_this_box(host) else None
+        if lost is not None and (verdict is None or verdict.get("launch") != lost["launch"]):
+            verdict = lost
         if verdict is not None:
             if as_json:
                 _emit(verdict | {"live": False}, lines)
@@ -127,9 +132,10 @@ def status(addr: str | None, pin: str | None, as_json: bool, watch: bool) -> Non
 
     When nobody answers, and the address is this box's, it shows how the last launch
     on that port ended (the verdict the controller kept in ~/.flodl/controller of the
-    user who ran it). Exit 0 when a controller answers, 1 when none does (also when a
-    kept verdict is shown: --json's `ok` says how it ended); a reader that leaves early
-    (`fdl status | head -1`) changes neither."""
+    user who ran it, or its journal when the controller was killed mid-run). Exit 0
+    when a controller answers, 1 when none does (also when a kept verdict is shown:
+    --json's `ok` says how it ended); a reader that leaves early (`fdl status |
+    head -1`) changes neither."""
     where, pinned, note = target(addr, pin)
     if note and not as_json:
         err.print(f"note: {note}", style="dim", markup=False)

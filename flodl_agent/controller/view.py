@@ -111,6 +111,7 @@ class ControllerView:
         self.timeline = Timeline()  # the window's joins, refusals and verdicts, for the page
         self.polled: float | None = None  # the controller's clock at the last /state.json
         self.on_poll: Callable[[], None] = lambda: None  # the launcher's linger waits on a poll
+        self.listeners: list[Callable[[str, str], None]] = []  # told every note (kind, line)
         self._history: tuple[tuple[int, ...], float, bytes] | None = None  # (versions, at, JSON)
         config = controller.window.config
         self.timeline.add(
@@ -121,9 +122,12 @@ class ControllerView:
         )
 
     def note(self, kind: str, line: str) -> None:
-        """An event of the window: the controller's log line, and the timeline's entry."""
+        """An event of the window: the controller's log line, the timeline's entry, and the
+        listeners' (the launch's journal)."""
         self.ctl.log(line)
         self.timeline.add(self.ctl.clock(), kind, line)
+        for listen in self.listeners:
+            listen(kind, line)
 
     def watched(self, within: float) -> bool:
         """Someone polled /state.json in the last ``within`` seconds (a page, ``fdl status --watch``)."""

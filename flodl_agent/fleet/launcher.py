@@ -19,6 +19,8 @@ from ..config.problems import format_path
 from ..config.ranks import CapacityUnknown, fanout_ranks, plan_window
 from ..config.source import path_kind
 from ..controller.controller import Controller
+from ..controller.journal import JournalError
+from ..controller.journaling import Journaler
 from ..controller.listener import BindError
 from ..controller.settings import Settings
 from ..controller.window import WindowConfig
@@ -226,7 +228,7 @@ async def launch(
 ) -> int:
     """Run one launch to its verdict; ``watch`` (a live display) runs alongside, and
     ``report`` gets the run's report (the world as formed, every rank's exit) at the end."""
-    controller, probed = await _open(cluster, options, log)
+    controller, probed, journal = await _open(cluster, options, log)
     settings = controller.settings
     mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
     window = settings.window
@@ -273,6 +275,7 @@ async def launch(
         stop.remove()
         try:
             # Kept before the port closes: a status query finds the controller or its verdict, never neither.
+            journal.close()
             keep_verdict(controller.view.report(), settings.bind, controller.port)
             await controller.close()
             await fanout.stop()
@@ -285,9 +288,9 @@ async def launch(
 
 async def _open(
     cluster: Cluster, options: LaunchOptions, log: Callable[[str], None]
-) -> tuple[Controller, Mapping[str, int]]:
-    """The launch's controller, its join window open, and the ranks of the ``all`` workers
-    it counted (with fan-out)."""
+) -> tuple[Controller, Mapping[str, int], Journaler]:
+    """The launch's controller, its join window open, the ranks of the ``all`` workers
+    it counted (with fan-out), and the journal of its port (held by this launch)."""
     try:
         # `local_devices: all` workers are counted before the window's plan is fixed.
         probed = await count_devices(cluster, log) if options.fanout else {}
@@ -298,7 +301,13 @@ async def _open(
         await controller.start()
     except BindError as exc:
         raise bind_failure(exc, controller.settings.bind, controller.settings.port) from None
-    return controller, probed
+    try:
+        journal = Journaler.open(controller, log)
+    except JournalError as exc:  # another controller holds this port's journal (another bind)
+        await controller.close()
+        raise LaunchError(str(exc), exc.fix) from None
+    controller.view.listeners.append(journal.on_note)
+    return controller, probed, journal
 
 
 async def _fan_out(fanout: Fanout, cluster: Cluster, controller: Controller) -> None:

@@ -55,7 +55,7 @@ def _bindable(address: str) -> bool:
     return True
 
 
-def _on_this_box(host: str) -> bool:
+def on_this_box(host: str) -> bool:
     """``host`` is this box: loopback, or (a name for) an address a socket can bind here."""
     if is_loopback(host):
         return True
@@ -73,7 +73,7 @@ def _on_this_box(host: str) -> bool:
 def last_verdict(host: str, port: int, directory: Path = DIRECTORY) -> dict[str, Any] | None:
     """The verdict the last launch on ``port`` of this box kept; None when ``host`` is another
     box's, or none was kept (another user's controller, or a home it could not write)."""
-    if not _on_this_box(host):
+    if not on_this_box(host):
         return None
     try:
         body = json.loads(verdict_path(port, directory).read_text())
