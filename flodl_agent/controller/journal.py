@@ -71,6 +71,7 @@ class Journal(BaseModel):
     exits: dict[int, int] = Field(default_factory=dict)  # ranks that ended, and their codes
     failed: tuple[int, ...] = ()  # ranks lost within max_failure: the budget spent
     evicted: tuple[str, ...] = ()  # hosts lost so: they may not come back
+    rendezvous: bool = False  # the world was seen to rendezvous through torch's store
     phase: Phase = "training"
     reason: str = ""  # a finished launch's verdict
 

@@ -22,7 +22,7 @@ from ..config.ranks import rank_span
 from . import journal as journals
 from .journal import Journal, JournalError, Span, journal_path, settings_digest
 from .settings import Settings
-from .supervision import Supervisor
+from .supervision import Limits, Supervisor
 from .window import Window
 
 SETTLE = 0.5  # seconds: changes after the formation are written at most this often
@@ -112,6 +112,7 @@ class Journaler:
             exits=exits,
             failed=tuple(sorted(supervisor.failed)),
             evicted=tuple(evicted),
+            rendezvous=supervisor.rendezvous,
             phase=phase if ended else "training",
             reason=(ctl.reason or "run complete: every host link closed") if ended else "",
         )
@@ -130,6 +131,18 @@ class Journaler:
             f"journal: cannot write {self.path} ({exc.strerror or exc}): a restarted controller "
             "could not tell this launch's world; the run goes on"
         )
+
+
+def restored(journal: Journal, limits: Limits, now: float) -> Supervisor:
+    """The supervision of a journaled world as it stood: its ranks' exits, the failure budget
+    spent, whether it rendezvouses (what the journal's snapshot took from a Supervisor)."""
+    world = {span.host: span.ranks for span in journal.world}
+    supervisor = Supervisor(world, limits, now, rendezvous=journal.rendezvous)
+    for host, ranks in world.items():
+        if codes := {r: journal.exits[r] for r in ranks if r in journal.exits}:
+            supervisor.exits[host] = codes
+    supervisor.failed = set(journal.failed)
+    return supervisor
 
 
 STOPPED = "its controller stopped while the world trained"

@@ -135,6 +135,16 @@ class Window:
         self._failure: str | None = None
         self._deadline: float | None = self._window_end
 
+    @classmethod
+    def resumed(cls, config: WindowConfig, members: list[tuple[str, int]], now: float) -> Window:
+        """A restarted controller's window over a journaled world: already ``training``, its
+        members those the journal names (hosts and their rank counts), nobody admitted anew."""
+        window = cls(config, now)
+        window._members = {host: Member(host, ranks, now) for host, ranks in members}
+        window._ranks = sum(ranks for _, ranks in members)
+        window._phase = "training"
+        return window
+
     # -- read side -------------------------------------------------------
 
     @property

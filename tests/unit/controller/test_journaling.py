@@ -6,8 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from flodl_agent.controller import journal as jn
-from flodl_agent.controller.journaling import STOPPED, Journaler, lost_verdict, unfinished_words
+from flodl_agent.controller.journaling import STOPPED, Journaler, lost_verdict, restored, unfinished_words
+from flodl_agent.controller.settings import Settings
+from flodl_agent.controller.supervision import Evict, Limits, Supervisor
+from flodl_agent.controller.window import Member, Window, WindowClosed, WindowConfig
 from tests.unit.controller.test_journal import world
 
 
@@ -62,3 +67,58 @@ def test_a_home_the_journal_cannot_be_written_in_is_said_once_and_nothing_else_f
     assert len(said) == 1
     assert said[0].startswith(f"journal: cannot write {blocked}/controller/journal-1337.json")
     assert said[0].endswith("a restarted controller could not tell this launch's world; the run goes on")
+
+
+# --- what a restarted controller rebuilds from the journal ----------------------------
+
+
+class _Formed:
+    """A controller whose world formed: a real Supervisor with exits and a lost rank."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.settings = Settings(command=["train"], window=CONFIG, launch="0a1b2c3d", plane="nccl")
+        self.salt = b"\x05" * 16
+        self.run_id = self.reason = ""
+        self.port = 1337
+        self.window = Window.resumed(CONFIG, [("a", 2), ("b", 1), ("c", 1)], 0.0)
+        self.supervisor = supervisor
+
+
+CONFIG = WindowConfig(quorum=1, target=None, join_timeout=1.0, max_join_timeout=2.0, start="auto")
+LIMITS = Limits(max_failure="1")
+
+
+def test_a_journaled_world_restores_its_supervision_as_it_stood() -> None:
+    before = Supervisor({"a": range(0, 2), "b": range(2, 3), "c": range(3, 4)}, LIMITS, 0.0)
+    before.exited("a", 0, 0)
+    before.exited("c", 3, 1)
+    assert isinstance(before.rank_failed("rank 3 on c exited 1", {3}, averaging=True, now=1.0), Evict)
+    before.rendezvous = True
+    journal = Journaler(_Formed(before), Path("unused"), print).snapshot()
+    assert journal is not None
+    assert (journal.exits, journal.failed, journal.evicted, journal.rendezvous) == (
+        {0: 0, 3: 1},
+        (3,),
+        ("c",),
+        True,
+    )
+
+    after = restored(journal, LIMITS, 50.0)
+    assert after.world == before.world and after.exits == before.exits and after.failed == {3}
+    assert after.rendezvous and after.running("a") == {1}
+    # The budget spent before the restart stays spent: one more lost rank is past max_failure 1.
+    assert not isinstance(after.rank_failed("rank 2 on b exited 1", {2}, averaging=True, now=51.0), Evict)
+
+
+def test_a_resumed_window_trains_admits_nobody_new_and_ends_when_every_link_closed() -> None:
+    window = Window.resumed(CONFIG, [("a", 2), ("b", 1)], 10.0)
+    assert (window.phase, window.joined_ranks, window.can_admit(), window.next_deadline()) == (
+        "training", 3, False, None,
+    )  # fmt: skip
+    assert window.members == (Member("a", 2, 10.0), Member("b", 1, 10.0))
+    with pytest.raises(WindowClosed):
+        window.join("d", 1, 11.0)
+    window.leave("a", 12.0)
+    assert window.phase == "training"
+    window.leave("b", 13.0)
+    assert window.phase == "done"
