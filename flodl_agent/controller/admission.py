@@ -176,6 +176,19 @@ class Dial:
     tunnel_only: bool = False
 
 
+def _not_resuming(dial: Dial) -> Refusal | None:
+    """A resume hello reaches a controller that opened a new window: the launch it claims is
+    gone (its controller did not come back with it), so its ranks have no world to rejoin."""
+    claim = dial.hello.resume
+    if claim is None:
+        return None
+    return Refusal(
+        "no_resume",
+        f"it resumes launch {claim.launch}, and this controller opened a new window: it resumes no launch",
+        "its ranks stop; walk in to this window as a new host (--persist re-dials)",
+    )
+
+
 def _named(dial: Dial) -> Refusal | None:
     if dial.hello.host.strip():
         return None
@@ -307,6 +320,7 @@ def _same_signatures(dial: Dial) -> Refusal | None:
 # In this order: what is wrong with the box itself first, then its fit to the roster, the
 # plane and the cohort. The first refusal is the one the box hears.
 RULES: tuple[Callable[[Dial], Refusal | None], ...] = (
+    _not_resuming,
     _named,
     _offers_devices,
     _each_device_once,

@@ -84,6 +84,15 @@ class Challenge(Msg):
     bound: bool = False
 
 
+class ResumeClaim(Msg):
+    """A host walking back in to a restarted controller: the launch it trains in and the
+    ranks it holds there (the journal's span for it must agree)."""
+
+    launch: str = Field(pattern=r"^[0-9a-f]{8}$")
+    first: int = Field(ge=0)
+    count: int = Field(ge=1, le=MAX_DEVICES)
+
+
 class Hello(Msg):
     """What a walk-in says about itself."""
 
@@ -102,6 +111,7 @@ class Hello(Msg):
     # controller's log and /state.json only: shown_command() makes it fit, it is never run.
     command: Shown = ""
     tunnel: bool = False  # it dials through an ssh forward (--ssh, a tunnel: worker): CPU planes only
+    resume: ResumeClaim | None = None  # its ranks train on in this launch: it walks back in
 
     @property
     def vendor(self) -> str:

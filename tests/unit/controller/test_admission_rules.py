@@ -19,7 +19,7 @@ from flodl_agent.controller.admission import (
     start_refusal,
     window_closed,
 )
-from flodl_agent.protocol.messages import Hello, Plane
+from flodl_agent.protocol.messages import Hello, Plane, ResumeClaim
 
 NONCE = b"n" * 16
 CUDA = {"variant": "cu128", "nccl": "2.27.3"}
@@ -56,6 +56,24 @@ RUN_FIX = (
 
 # id -> (roster, members, candidate, plane, tunnel_only, the refusal it hears)
 GOLDEN: dict[str, tuple[RosterArgs | None, list[Hello], Hello, Plane, bool, Refusal]] = {
+    "no_resume": (  # before any other rule: it claims a world this window never formed
+        None,
+        [],
+        Hello(
+            nonce=NONCE,
+            client_nonce=NONCE,
+            host="",
+            devices=[],
+            resume=ResumeClaim(launch="0a1b2c3d", first=2, count=1),
+        ),
+        "cpu",
+        False,
+        Refusal(
+            "no_resume",
+            "it resumes launch 0a1b2c3d, and this controller opened a new window: it resumes no launch",
+            "its ranks stop; walk in to this window as a new host (--persist re-dials)",
+        ),
+    ),
     "no_host": (
         None,
         [],
@@ -297,6 +315,7 @@ def test_each_rule_refuses_with_its_own_code_words_and_permanence(
 def test_the_golden_table_covers_every_refusal_code() -> None:
     """The controller counts refusals by these codes, one per way a dial can be turned away."""
     assert {row[-1].code for row in GOLDEN.values()} == {
+        "no_resume",
         "no_host",
         "no_device",
         "duplicate_device",

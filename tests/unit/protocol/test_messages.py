@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flodl_agent.protocol import wire
-from flodl_agent.protocol.messages import BadMessage, Heartbeat, WorldFormed, parse
+from flodl_agent.protocol.messages import BadMessage, Heartbeat, Hello, WorldFormed, parse
 
 
 def test_heartbeats_are_bounded_and_typed() -> None:
@@ -48,3 +48,28 @@ def test_a_world_with_passable_text_parses() -> None:
     body = {**WORLD, "command": ["python", "-c", "print('a=b')"], "env": {"A": "x=y\nz", "B": ""}}
     world = parse(wire.Frame(wire.Kind.WORLD_FORMED, body))
     assert isinstance(world, WorldFormed) and world.env == {"A": "x=y\nz", "B": ""}
+
+
+HELLO = {"nonce": b"n" * 16, "client_nonce": b"c" * 16, "host": "a", "devices": ["cpu:0"]}
+
+
+@pytest.mark.parametrize(
+    ("claim", "where"),
+    [
+        ({"launch": "0A1B2C3D", "first": 0, "count": 1}, "resume.launch"),  # its label is lower hex
+        ({"launch": "0a1b2c3d", "first": -1, "count": 1}, "resume.first"),
+        ({"launch": "0a1b2c3d", "first": 0, "count": 0}, "resume.count"),
+        ({"launch": "0a1b2c3d", "first": 0}, "resume.count"),
+    ],
+)
+def test_a_resume_claim_the_journal_could_not_hold_is_a_bad_hello_naming_the_field(
+    claim: dict[str, object], where: str
+) -> None:
+    with pytest.raises(BadMessage) as caught:
+        parse(wire.Frame(wire.Kind.HELLO, {**HELLO, "resume": claim}))
+    assert str(caught.value).startswith(f"hello: {where}: ")
+    plain = parse(wire.Frame(wire.Kind.HELLO, HELLO))
+    good = {"launch": "0a1b2c3d", "first": 2, "count": 1}
+    resumed = parse(wire.Frame(wire.Kind.HELLO, {**HELLO, "resume": good}))
+    assert isinstance(plain, Hello) and isinstance(resumed, Hello)
+    assert plain.resume is None and resumed.resume is not None and resumed.resume.first == 2
