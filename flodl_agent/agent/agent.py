@@ -16,7 +16,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -54,6 +54,7 @@ from .options import AgentOptions
 from .prepare import Prepared
 from .rank_env import rank_envs, reason_file
 from .rank_io import CANNOT_EXECUTE, hang_up, heartbeat, start_failure
+from .uplink import Uplink
 
 # A tunnel's door that does not permit the forward accepts, then hangs up.
 BROKE_FIX = (
@@ -212,16 +213,13 @@ class Attempt:
             f"world formed: {world.world_size} ranks; this host runs "
             f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)}"
         )
-        relay, store, store_port = await self._rendezvous(world, writer, client)
-
-        def push(pieces: Iterable[tuple[dict[str, Any], wire.Blob]]) -> None:
-            link.stream((wire.Kind.AVERAGE, body, blob) for body, blob in pieces)
-
-        averager = AverageRelay(list(range(mine.first_rank, mine.first_rank + mine.count)), push)
+        uplink = Uplink(writer, client)
+        relay, store, store_port = await self._rendezvous(world, uplink)
+        averager = AverageRelay(list(range(mine.first_rank, mine.first_rank + mine.count)), uplink.stream)
         plane = averager.env(await averager.listen())
         # From here the link is its own protocol: the average's pieces land in shared memory.
         client.codec.sink = averager.destination
-        link = take_over(reader, writer, client, _link_events(relay, averager))
+        link = uplink.link = take_over(reader, writer, client, _link_events(relay, averager))
         # Progress reports live beside the plane's segments: the run's private directory.
         reports = {
             r: averager.directory / f"metrics-{r}.json"
@@ -237,11 +235,11 @@ class Attempt:
                 await self._kill_children()
                 await self._could_not_start(mine, reader, writer, client, *start_failure(command, exc))
         ranks = [
-            asyncio.ensure_future(self._rank(proc, mine.first_rank + local, writer, client, averager))
+            asyncio.ensure_future(self._rank(proc, mine.first_rank + local, uplink, averager))
             for local, proc in enumerate(self.children)
         ]
         abort = asyncio.ensure_future(_watch_link(link))
-        beat = asyncio.ensure_future(heartbeat(writer, client, reports, self.options.heartbeat_every))
+        beat = asyncio.ensure_future(heartbeat(uplink, reports, self.options.heartbeat_every))
         try:
             codes = await _supervise(ranks, abort, relay, serving=store is not None)
         finally:
@@ -311,8 +309,7 @@ class Attempt:
         self,
         proc: asyncio.subprocess.Process,
         rank: int,
-        writer: asyncio.StreamWriter,
-        client: JoinClient,
+        uplink: Uplink,
         averager: AverageRelay,
     ) -> int:
         last = ""  # its last words: how a crash ended (teardown_note)
@@ -331,16 +328,14 @@ class Attempt:
         averager.rank_exited(rank)
         said = exit_reason.read(reason_file(averager.directory, rank)) if code else ""
         exited = {"rank": rank, "code": code} | ({"reason": said} if said else {})
-        write_parts(writer, client.send(wire.Kind.RANK_EXITED, exited))
+        uplink.send(wire.Kind.RANK_EXITED, exited)
         return code
 
-    async def _rendezvous(
-        self, world: WorldFormed, writer: asyncio.StreamWriter, client: JoinClient
-    ) -> tuple[StreamRelay, Any, int]:
+    async def _rendezvous(self, world: WorldFormed, uplink: Uplink) -> tuple[StreamRelay, Any, int]:
         """The store (on rank 0's host) or a relay to it: the relay, the store, the ranks' port."""
 
         def send(sid: int, data: bytes, end: bool) -> None:
-            write_parts(writer, client.send(wire.Kind.STREAM, {"id": sid, "data": data, "end": end}))
+            uplink.send(wire.Kind.STREAM, {"id": sid, "data": data, "end": end})
 
         if world.host.first_rank != 0:
             relay = StreamRelay(send)

@@ -13,9 +13,8 @@ from pathlib import Path
 
 from ..observe.metrics import read_reports
 from ..protocol import wire
-from ..protocol.join_protocol import JoinClient
-from ..protocol.streams import write_parts
 from ..retry import AgentFailure, Transient
+from .uplink import Uplink
 
 FIRST_BEAT = 1.0  # seconds from the ranks' start to the first beat
 CLOSE_TIMEOUT = 10.0
@@ -40,9 +39,7 @@ def start_failure(command: list[str], exc: OSError | ValueError) -> tuple[AgentF
     return failure, code, why
 
 
-async def heartbeat(
-    writer: asyncio.StreamWriter, client: JoinClient, reports: dict[int, Path], every: float
-) -> None:
+async def heartbeat(uplink: Uplink, reports: dict[int, Path], every: float) -> None:
     """Tell the controller this host is alive while its ranks train (its watchdog's input),
     with the ranks' latest progress reports (the status page's and /metrics' input).
 
@@ -52,7 +49,7 @@ async def heartbeat(
     def beat() -> None:
         # msgpack maps take string keys only: the controller reads the ranks back as ints.
         ranks = {str(rank): body for rank, body in read_reports(reports).items()}
-        write_parts(writer, client.send(wire.Kind.HEARTBEAT, {"ranks": ranks}))
+        uplink.send(wire.Kind.HEARTBEAT, {"ranks": ranks})
 
     try:
         await asyncio.sleep(min(every, FIRST_BEAT))
@@ -61,7 +58,7 @@ async def heartbeat(
             await asyncio.sleep(every)
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):  # a link already gone takes no last beat
-            if not writer.is_closing():
+            if not uplink.closing:
                 beat()
         raise
 
