@@ -78,7 +78,13 @@ class Journaler:
 
     def write(self) -> None:
         self._soon = None
-        journal = self.snapshot()
+        try:
+            journal = self.snapshot()
+        except ValueError as exc:  # a peer's field the journal cannot hold (a run_id of another form)
+            if not self._broken:
+                self._broken = True
+                self.log(f"journal: cannot journal this world ({type(exc).__name__}); the run goes on")
+            return
         if journal is not None:
             self._write(journal)
 
