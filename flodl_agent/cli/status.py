@@ -89,7 +89,8 @@ def _gone(where: str, problem: Unreachable, as_json: bool, lines: bool = False) 
         host, port = split_address(where)
         verdict = last_verdict(host, port)
         # A controller killed mid-run kept no verdict: its journal tells, over an older launch's verdict.
-        lost = lost_verdict(port) if on_this_box(host) else None
+        # Only when nothing listens: a slow or pinned controller is alive, whatever its journal says.
+        lost = lost_verdict(port) if problem.nobody and on_this_box(host) else None
         if lost is not None and (verdict is None or verdict.get("launch") != lost["launch"]):
             verdict = lost
         if verdict is not None:

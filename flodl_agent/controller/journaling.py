@@ -47,6 +47,7 @@ class Journaler:
         self._lock: int | None = None
         self._soon: asyncio.TimerHandle | None = None
         self._broken = False
+        self._closed = False
 
     @classmethod
     def open(cls, ctl: Journaled, log: Callable[[str], None], directory: Path | None = None) -> Journaler:
@@ -71,6 +72,8 @@ class Journaler:
         return keeper
 
     def on_note(self, kind: str, line: str) -> None:
+        if self._closed:
+            return  # the links closing after the launch's end change nothing it journals
         if kind == "formed":
             self.write()
         elif kind in CHANGES and self._soon is None and self.ctl.supervisor is not None:
@@ -93,6 +96,7 @@ class Journaler:
         if self._soon is not None:
             self._soon.cancel()
         self.write()
+        self._closed = True
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
