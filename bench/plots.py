@@ -39,9 +39,18 @@ STYLE: dict[RcKeyType, Any] = {
 }
 
 
-def _load(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((RESULTS / f"{name}.json").read_text())
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def _series(points: list[tuple[Any, Any]], what: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A line's x and y. No point at all is a result that lost a column: as an empty zip,
+    matplotlib would take the line's format for its data and draw nothing under the label."""
+    if not points:
+        raise ValueError(f"no point for {what}")
+    xs, ys = zip(*points, strict=True)
+    return xs, ys
 
 
 def _when(data: dict[str, Any]) -> str:
@@ -57,16 +66,17 @@ def _words(ax: Axes, data: dict[str, Any], title: str, x: str, y: str, legend: L
     ax.legend(fontsize=7, loc=legend)
 
 
-def averaging(ax: Axes) -> None:
-    data = _load("averaging")
+def averaging(ax: Axes, data: dict[str, Any]) -> None:
     loop = [r for r in data["rows"] if r["net"] == "loopback"]
     for ranks, colour in ((2, "tab:blue"), (4, "tab:orange")):
         rows = sorted((r for r in loop if r["ranks"] == ranks), key=lambda r: r["model_mb"])
-        sizes = [r["model_mb"] for r in rows]
-        ax.plot(sizes, [r["gloo_s"] / r["hub_s"] for r in rows], "o-", color=colour,
-                label=f"{ranks} ranks, local socket")  # fmt: skip
+        local = _series(
+            [(r["model_mb"], r["gloo_s"] / r["hub_s"]) for r in rows], f"hub_s, loopback, {ranks} ranks"
+        )
+        ax.plot(*local, "o-", color=colour, label=f"{ranks} ranks, local socket")
         tcp = [(r["model_mb"], r["gloo_s"] / r["hub_tcp_s"]) for r in rows if r.get("hub_tcp_s")]
-        ax.plot(*zip(*tcp, strict=True), "o--", color=colour, label=f"{ranks} ranks, TCP loopback")
+        ax.plot(*_series(tcp, f"hub_tcp_s, loopback, {ranks} ranks"), "o--", color=colour,
+                label=f"{ranks} ranks, TCP loopback")  # fmt: skip
     for r in (r for r in data["rows"] if r["net"] == "shaped"):
         colour = "tab:blue" if r["ranks"] == 2 else "tab:orange"
         ax.plot(r["model_mb"], r["gloo_s"] / r["hub_s"], "s", color=colour, mfc="none")
@@ -80,8 +90,7 @@ def averaging(ax: Axes) -> None:
            "speed against gloo all_reduce (1 = parity)", "upper right")  # fmt: skip
 
 
-def formation(ax: Axes) -> None:
-    data = _load("join_storm")
+def formation(ax: Axes, data: dict[str, Any]) -> None:
     rows = sorted(data["results"], key=lambda r: r["n"])
     sizes = [r["n"] for r in rows]
     series = (
@@ -93,15 +102,14 @@ def formation(ax: Axes) -> None:
     )
     for key, label, fmt in series:
         points = [(r["n"], r[key]) for r in rows if r.get(key)]
-        ax.plot(*zip(*points, strict=True), fmt, label=label)
+        ax.plot(*_series(points, key), fmt, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
     _words(ax, data, "Formation against fleet size", "walk-ins in one storm", "milliseconds", "lower right")
 
 
-def converge(ax: Axes) -> None:
-    data = _load("fleet_converge")
+def converge(ax: Axes, data: dict[str, Any]) -> None:
     rows = sorted(data["results"], key=lambda r: r["hosts"])
     hosts = [r["hosts"] for r in rows]
     ax.plot(hosts, [r["fresh_s"] for r in rows], "o-", label="site.yml from bare containers")
@@ -112,21 +120,27 @@ def converge(ax: Axes) -> None:
     _words(ax, data, "site.yml converge against hosts", "hosts in the lab fleet", "seconds", "upper left")
 
 
-PLOTS: dict[str, Callable[[Axes], None]] = {
-    "averaging.svg": averaging,
-    "formation.svg": formation,
-    "converge.svg": converge,
+# What a missing or hand-broken result raises (a zero time: ZeroDivisionError), named in one line.
+BROKEN = (OSError, ValueError, KeyError, TypeError, ZeroDivisionError)
+Draw = Callable[[Axes, dict[str, Any]], None]
+# Each plot, the bench whose result it draws (bench/results/<bench>.json), and how.
+PLOTS: dict[str, tuple[str, Draw]] = {
+    "averaging.svg": ("averaging", averaging),
+    "formation.svg": ("join_storm", formation),
+    "converge.svg": ("fleet_converge", converge),
 }
 
 
-def render(draw: Callable[[Axes], None]) -> bytes:
+def render(draw: Draw, data: dict[str, Any]) -> bytes:
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
-        draw(ax)
-        fig.tight_layout()
-        out = io.BytesIO()
-        fig.savefig(out, format="svg", metadata={"Date": None})
-        plt.close(fig)
+        try:
+            draw(ax, data)
+            fig.tight_layout()
+            out = io.BytesIO()
+            fig.savefig(out, format="svg", metadata={"Date": None})
+        finally:
+            plt.close(fig)  # a broken result's half-drawn figure too
     return out.getvalue()
 
 
@@ -136,11 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT, help="where the SVGs go (default: docs/img)")
     args = parser.parse_args(argv)
     stale = []
-    for name, draw in PLOTS.items():
+    for name, (bench, draw) in PLOTS.items():
+        source, path = RESULTS / f"{bench}.json", args.out / name
         try:
-            svg, path = render(draw), args.out / name
-        except (OSError, ValueError, KeyError, TypeError) as exc:  # a missing or hand-broken result
-            print(f"{name}: cannot draw it from {RESULTS}: {exc!r}; rerun its bench", file=sys.stderr)
+            svg = render(draw, _load(source))
+        except BROKEN as exc:
+            print(
+                f"{name}: cannot draw it from {source}: {exc!r}; rerun `python -m bench.{bench}`",
+                file=sys.stderr,
+            )
             return 1
         if args.check:
             if not path.is_file() or path.read_bytes() != svg:

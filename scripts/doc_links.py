@@ -20,14 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GLOSSARY = ROOT / "docs" / "glossary.md"
 _HIDDEN = "\0"
-_SKIPPED = (
-    re.compile(r"^ *```.*?^ *```[^\n]*$", re.M | re.S),  # fenced blocks
-    re.compile(r"^#{1,6} .*$", re.M),  # headings
-    re.compile(r"<!--.*?-->", re.S),
-    re.compile(r"``[^\n]*?``|`[^`]*`"),  # code spans, double-backticked ones first
-    re.compile(r"<https?://[^>]*>|https?://\S+"),
-)
-_LINK = re.compile(r"(!?)\[(?P<text>[^\]]*)\]\((?P<url>[^)\s]*)\)")
+_FENCE = re.compile(r"^ *```.*?^ *```[^\n]*$", re.M | re.S)
+_HEADING = re.compile(r"^#{1,6} .*$", re.M)
+_COMMENT = re.compile(r"<!--.*?-->", re.S)
+_CODE = re.compile(r"``[^\n]*?``|`[^`]*`")  # code spans, double-backticked ones first
+_URL = re.compile(r"<https?://[^>]*>|https?://\S+")
+# A link, with an optional title: [text](url "title").
+_LINK = re.compile(r"""(!?)\[(?P<text>[^\]]*)\]\((?P<url>[^)\s]*)(?:\s+(?:"[^"]*"|'[^']*'))?\)""")
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ def slug(heading: str) -> str:
 
 
 def headings(text: str) -> set[str]:
-    masked = _SKIPPED[0].sub(lambda m: _HIDDEN * len(m[0]), text)
+    masked = _mask(text, _FENCE)
     return {slug(m[1]) for m in re.finditer(r"^#{1,6} (.*)$", masked, re.M)}
 
 
@@ -75,25 +74,35 @@ def _to_glossary(page: Path, root: Path) -> str:
     return "glossary.md" if page.parent == root / "docs" else "docs/glossary.md"
 
 
+def _hide(chars: list[str], start: int, end: int) -> None:
+    chars[start:end] = [c if c == "\n" else _HIDDEN for c in chars[start:end]]
+
+
+def _mask(text: str, *rules: re.Pattern[str]) -> str:
+    """``text`` with what each rule matches hidden, in turn. Same length, newlines kept: an
+    offset into it is an offset into ``text``, its line the same."""
+    chars = list(text)
+    for rule in rules:
+        for m in rule.finditer("".join(chars)):
+            _hide(chars, *m.span())
+    return "".join(chars)
+
+
 def _prose(text: str) -> tuple[str, list[tuple[int, int, str]]]:
     """The page with everything but prose hidden (same length), and its glossary links' spans."""
-    chars = list(text)
-
-    def hide(start: int, end: int) -> None:
-        chars[start:end] = [c if c == "\n" else _HIDDEN for c in text[start:end]]
-
-    for rule in _SKIPPED:
-        for m in rule.finditer("".join(chars)):
-            hide(*m.span())
+    masked = _mask(text, _FENCE, _HEADING, _COMMENT, _CODE)
+    chars = list(masked)
     glossary: list[tuple[int, int, str]] = []
-    for m in _LINK.finditer("".join(chars)):
+    for m in _LINK.finditer(masked):
         url = m["url"]
         if not m[1] and url.split("#")[0].endswith("glossary.md") and "#" in url:
             glossary.append((m.start("text"), m.end("text"), url.split("#", 1)[1]))
-            hide(m.end("text"), m.end())
+            _hide(chars, m.end("text"), m.end())
         else:
-            hide(*m.span())
-    return "".join(chars), glossary
+            _hide(chars, *m.span())
+    # Bare URLs only after the links: the URL rule would take a link's ")" with its URL, and
+    # the link, unmatched, would leave its text as prose.
+    return _mask("".join(chars), _URL), glossary
 
 
 def first_uses(text: str, vocabulary: list[Term]) -> dict[Term, tuple[int, int, bool]]:
@@ -117,16 +126,14 @@ def first_uses(text: str, vocabulary: list[Term]) -> dict[Term, tuple[int, int, 
 
 
 def broken_links(page: Path, root: Path) -> list[Finding]:
-    text = page.read_text()
-    prose = _SKIPPED[0].sub(lambda m: "\n" * m[0].count("\n"), text)
-    prose = _SKIPPED[3].sub("", prose)
+    prose = _mask(page.read_text(), _FENCE, _CODE)  # same length: a link's line is its own
     out = []
     for m in _LINK.finditer(prose):
         target, _, anchor = m["url"].partition("#")
         if re.match(r"[a-z]+:", target):
             continue
         path = (page.parent / target).resolve() if target else page
-        line = text.count("\n", 0, text.find(m[0])) + 1
+        line = prose.count("\n", 0, m.start()) + 1
         if not path.exists():
             out.append(Finding(page.name, line, f"link to {m['url']}: no such file"))
         elif anchor and path.suffix == ".md" and anchor not in headings(path.read_text()):

@@ -133,6 +133,7 @@ class Window:
         self._ranks = 0
         self._closed: set[str] = set()
         self._failure: str | None = None
+        self._failed_in: Phase | None = None  # the phase a failed run failed in
         self._deadline: float | None = self._window_end
 
     @classmethod
@@ -289,6 +290,7 @@ class Window:
         """Fail the run from any live phase; after a terminal verdict the first one stands."""
         if self._phase in _TERMINAL:
             return Keep(self._phase, None)
+        self._failed_in = self._phase  # the page's phase line: how far the run got
         self._phase = "failed"
         self._failure = reason
         self._deadline = None  # pragma: no mutate (equivalent: next_deadline() reads it only while open)
@@ -313,6 +315,7 @@ class Window:
             "cap_left_s": self._cap - now if live and now < self._cap else None,
             "can_start": self.start_refusal() is None and not self._armed,
             "failure": self._failure,
+            "failed_in": self._failed_in,
         } | (
             {"members": [{"host": m.host, "ranks": m.ranks, "joined_at": m.joined_at} for m in self.members]}
             if members

@@ -88,3 +88,41 @@ def test_a_link_to_a_heading_that_is_not_there_is_named(tmp_path: Path) -> None:
     assert [str(f) for f in doc_links.check(tmp_path)] == [
         "docs/a.md:5: link to glossary.md#walk-out: no heading #walk-out there"
     ]
+
+
+def test_an_external_links_text_is_not_prose_and_fix_leaves_it_alone(tmp_path: Path) -> None:
+    """The bare-URL rule would take the link's ")" with its URL: the link would go unmatched,
+    its text would count as prose, and --fix would nest a glossary link inside it."""
+    links = (
+        "See [the walk-in guide](https://example.com/guide) and\n"
+        '[a plane\'s notes](https://example.com/notes "Notes"), or <https://example.com/>.\n'
+    )
+    page = _pages(tmp_path, "# A\n\n" + links)
+    assert [str(f) for f in doc_links.check(tmp_path)] == []
+    assert doc_links.fix(tmp_path) == 0 and page.read_text() == "# A\n\n" + links
+    # A use in the prose after it is the first use, and the one --fix links.
+    page.write_text("# A\n\n" + links + "A walk-in dials in.\n")
+    assert [str(f) for f in doc_links.check(tmp_path)] == [
+        "docs/a.md:5: first use of 'walk-in' is not linked to the glossary"
+    ]
+    assert doc_links.fix(tmp_path) == 1
+    assert page.read_text() == "# A\n\n" + links + "A [walk-in](glossary.md#walk-in) dials in.\n"
+
+
+def test_a_broken_links_line_is_its_own_with_code_around_or_inside_it(tmp_path: Path) -> None:
+    """The same link shown as code earlier on the page, a link whose text is code, a link with
+    a title: each finding names the line the link is on."""
+    _pages(
+        tmp_path,
+        "# A\n\n"
+        "```md\nSee [it](gone.md).\n```\n\n"  # lines 3-5: in a fence, not checked
+        "Write `[it](gone.md)` for a link.\n"  # 7: in a code span, not checked
+        "See [it](gone.md) here,\n"  # 8
+        'and [`fdl join`](joined.md), [that](titled.md "Title").\n'  # 9
+        "\nThe end.\n",
+    )
+    assert [str(f) for f in doc_links.check(tmp_path)] == [
+        "docs/a.md:8: link to gone.md: no such file",
+        "docs/a.md:9: link to joined.md: no such file",
+        "docs/a.md:9: link to titled.md: no such file",
+    ]

@@ -553,6 +553,7 @@ def test_snapshot_counts_down_and_is_json() -> None:
         "cap_left_s": 500.0,
         "can_start": True,  # manual, quorate: POST /start would be accepted
         "failure": None,
+        "failed_in": None,
         "members": [{"host": "a", "ranks": 2, "joined_at": 1010.0}],
     }
     assert json.loads(json.dumps(snap)) == snap
@@ -576,6 +577,7 @@ def test_snapshot_names_the_failure() -> None:
     snap = w.snapshot(600.0)
     assert snap["phase"] == "failed"
     assert snap["failure"] == w.failure
+    assert snap["failed_in"] == "waiting"  # the page's phase line marks nothing passed
     assert isinstance(w.failure, str) and "max_join_timeout" in w.failure
     assert (snap["window_left_s"], snap["cap_left_s"]) == (None, None)
     json.dumps(snap)
