@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,17 +32,14 @@ from ..observe import exit_reason
 from ..protocol import wire
 from ..protocol.join_protocol import (
     Aborted,
-    Accepted,
     Closed,
     Event,
     Formed,
     JoinClient,
     JoinError,
-    Message,
-    Refused,
 )
-from ..protocol.messages import Averaged, BadMessage, HostEnvelope, Stream, WorldFormed, shown, shown_command
-from ..protocol.streams import DIAL_TIMEOUT, LinkEnded, LinkStream, dial, next_event, take_over, write_parts
+from ..protocol.messages import BadMessage, HostEnvelope, WorldFormed, shown, shown_command
+from ..protocol.streams import dial, next_event, take_over, write_parts
 from ..protocol.tunnel import Tunnel
 from ..retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from ..sources.build import entry_command
@@ -50,17 +48,17 @@ from ..train.rendezvous import StreamRelay, serve_store, warm_store
 from . import contained
 from .box import box_offer, get_ready, this_box
 from .containers import ComposeRanks, check_service
+from .grace import Grace
+from .greeting import BROKE_FIX, greet
 from .options import AgentOptions
 from .prepare import Prepared
 from .rank_env import rank_envs, reason_file
 from .rank_io import CANNOT_EXECUTE, hang_up, heartbeat, start_failure
 from .uplink import Uplink
+from .watch import link_events, reported, supervise
 
-# A tunnel's door that does not permit the forward accepts, then hangs up.
-BROKE_FIX = (
-    "through a tunnel: does the door permit a forward to the controller port "
-    "(permitopen)? Otherwise the controller went away; --persist re-dials"
-)
+LAUNCH = re.compile(r"[0-9a-f]{8}")  # a launch's label: what a resume hello names
+
 KILL_GRACE = 5.0
 
 
@@ -84,8 +82,11 @@ class Attempt:
         self.contained: dict[int, contained.Contained] = {}  # rank -> its reaper (not compose's)
         self._warm: asyncio.Future[None] | None = None  # the store's torch import, under way
         self.compose: ComposeRanks | None = None  # the ranks run in a compose service
+        self.road = ("", 0)  # what this attempt dialled: a resume re-dials it
+        self.uplink: Uplink | None = None  # the road up while ranks train (its connection may change)
 
     async def run(self, dial_host: str, dial_port: int) -> int:
+        self.road = (dial_host, dial_port)
         reader, writer = await dial(dial_host, dial_port, self.options.tls_fingerprint)
         keepalive(writer)
         try:
@@ -108,29 +109,13 @@ class Attempt:
             ) from None
         finally:
             writer.close()
+            if self.uplink is not None:
+                self.uplink.writer.close()  # a resumed connection
             await self._kill_children()
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, road: str) -> int:
         client = JoinClient(self.options.key)
-        writer.write(client.start())
-        first = await next_event(reader, client, DIAL_TIMEOUT)
-        if isinstance(first, Refused):  # turned away before any frame: rate-limited
-            raise Transient(f"refused: {first.reject.reason}", first.reject.fix)
-        if isinstance(first, Closed):
-            # Through a tunnel, a door that forbids the forward accepts and hangs up.
-            raise Transient("the connection to the controller broke before its challenge", BROKE_FIX)
-        writer.write(client.hello(self.hello()))
-        await writer.drain()
-        answer = await next_event(reader, client, DIAL_TIMEOUT)
-        if isinstance(answer, Closed):
-            raise Transient(
-                "the controller dropped the hello without a reply",
-                "wrong join.token, or this box is rate-limited after bad dials",
-            )
-        if isinstance(answer, Refused):
-            refusal = answer.reject
-            raise (Permanent if refusal.permanent else Transient)(f"refused: {refusal.reason}", refusal.fix)
-        assert isinstance(answer, Accepted)
+        answer = await greet(reader, writer, client, self.hello())
         first_rank, count = answer.accept.ranks
         self.log(
             f"admitted as {self.options.host}: {rank_span(range(first_rank, first_rank + count), noun=True)} "
@@ -166,6 +151,39 @@ class Attempt:
             "command": shown_command(own) if (own := self.own_command()) else "",
             "tunnel": self.options.tunnel or self.options.ssh is not None,
         }
+
+    def _grace(
+        self,
+        world: WorldFormed,
+        uplink: Uplink,
+        averager: AverageRelay,
+        relay: StreamRelay,
+        events: Callable[[Event], None],
+    ) -> Grace:
+        """How the ranks outlive a lost controller: this box's --controller-grace, else the
+        launch's; none for a launch without a label (nothing to resume)."""
+        mine = world.host
+        seconds = self.options.controller_grace
+        seconds = world.controller_grace if seconds is None else seconds
+        if not LAUNCH.fullmatch(world.launch):
+            seconds = 0.0
+
+        def resume() -> dict[str, Any]:
+            claim = {"launch": world.launch, "first": mine.first_rank, "count": mine.count}
+            return self.hello() | {"resume": claim | {"round": averager.next_round}}
+
+        return Grace(
+            seconds,
+            self.road,
+            self.options.tls_fingerprint,
+            self.options.key,
+            resume,
+            uplink,
+            averager,
+            relay,
+            events,
+            self.log,
+        )
 
     def rank_env(
         self,
@@ -213,13 +231,15 @@ class Attempt:
             f"world formed: {world.world_size} ranks; this host runs "
             f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)}"
         )
-        uplink = Uplink(writer, client)
+        uplink = self.uplink = Uplink(reader, writer, client)
         relay, store, store_port = await self._rendezvous(world, uplink)
         averager = AverageRelay(list(range(mine.first_rank, mine.first_rank + mine.count)), uplink.stream)
         plane = averager.env(await averager.listen())
         # From here the link is its own protocol: the average's pieces land in shared memory.
         client.codec.sink = averager.destination
-        link = uplink.link = take_over(reader, writer, client, _link_events(relay, averager))
+        events = link_events(relay, averager)
+        uplink.link = take_over(reader, writer, client, events)
+        grace = self._grace(world, uplink, averager, relay, events)
         # Progress reports live beside the plane's segments: the run's private directory.
         reports = {
             r: averager.directory / f"metrics-{r}.json"
@@ -238,12 +258,15 @@ class Attempt:
             asyncio.ensure_future(self._rank(proc, mine.first_rank + local, uplink, averager))
             for local, proc in enumerate(self.children)
         ]
-        abort = asyncio.ensure_future(_watch_link(link))
+        abort = asyncio.ensure_future(grace.keep())
         beat = asyncio.ensure_future(heartbeat(uplink, reports, self.options.heartbeat_every))
         try:
-            codes = await _supervise(ranks, abort, relay, serving=store is not None)
+            codes = await supervise(ranks, abort, relay, serving=store is not None)
+            if not uplink.up.is_set():  # the ranks ended while the controller was away
+                await reported(uplink, abort)
         finally:
-            link.on_event = None  # whatever still comes is read and dropped: the run is over here
+            assert uplink.link is not None
+            uplink.link.on_event = None  # whatever still comes is read and dropped: the run is over here
             abort.cancel()
             beat.cancel()  # its last beat carries the ranks' final reports: before the half-close
             await asyncio.gather(beat, return_exceptions=True)
@@ -252,8 +275,8 @@ class Attempt:
             await relay.close()
             await averager.close()
             del store
-        await link.drain()  # the last pieces it queued go before the half-close
-        await hang_up(reader, writer)
+        await uplink.link.drain()  # the last pieces it queued go before the half-close
+        await hang_up(uplink.reader, uplink.writer)
         if any(c != 0 for c in codes):
             self.log(ranks_failed(self.options.host, dict(enumerate(codes, mine.first_rank))))
             return TRANSIENT
@@ -363,51 +386,6 @@ class Attempt:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
-
-
-def _link_events(relay: StreamRelay, averager: AverageRelay) -> Callable[[Event], None]:
-    """What the link brings while the ranks train: store bytes, averages, the controller's abort."""
-
-    def on_event(event: Event) -> None:
-        if isinstance(event, Aborted):
-            raise LinkEnded(f"the controller aborted the run: {event.reason}")
-        if isinstance(event, Message) and isinstance(event.message, Stream):
-            relay.feed(event.message.id, event.message.data, event.message.end)
-        elif isinstance(event, Message) and isinstance(event.message, Averaged):
-            averager.deliver(event.message.model_dump(), event.blob)
-
-    return on_event
-
-
-async def _supervise(
-    ranks: Sequence[asyncio.Task[int]], abort: asyncio.Task[str], relay: StreamRelay, serving: bool
-) -> list[int]:
-    """The ranks' exit codes once all ended (the store, when ``serving`` it, kept up for the other
-    hosts); the link ending first cancels them and fails the attempt (transient)."""
-    pending: set[asyncio.Future[Any]] = {abort, *ranks}
-    while abort in pending and len(pending) > 1:
-        _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-    if abort.done():
-        for task in ranks:
-            task.cancel()
-        await asyncio.gather(*ranks, return_exceptions=True)
-        raise Transient(abort.result())
-    codes = [t.result() for t in ranks]
-    if serving:
-        # Other hosts' ranks may still talk to the store (a last barrier):
-        # serve it until their connections close or the run ends.
-        drained = asyncio.ensure_future(relay.drained())
-        await asyncio.wait({abort, drained}, return_when=asyncio.FIRST_COMPLETED)
-        drained.cancel()
-    return codes
-
-
-async def _watch_link(link: LinkStream) -> str:
-    """Why the link ended under a training host (its task is cancelled when the ranks end first)."""
-    ended = await link.ended()
-    if isinstance(ended, LinkEnded | wire.Dropped):
-        return ended.reason if isinstance(ended, LinkEnded) else f"the controller link broke ({ended})"
-    return "the controller went away mid-run"
 
 
 async def join_once(

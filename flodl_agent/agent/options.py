@@ -37,6 +37,9 @@ class AgentOptions:
     args: list[str] = field(default_factory=list)  # bin's arguments (a published manifest's replace them)
     tls_fingerprint: str = ""  # the controller port speaks TLS: its certificate's pinned fingerprint
     heartbeat_every: float = HEARTBEAT_EVERY  # seconds between beats while ranks train
+    # Seconds the ranks train on when the controller goes away (join.controller_grace,
+    # --controller-grace); None: what the launch says in WorldFormed.
+    controller_grace: float | None = None
     # What only this box knows beats what the controller's cluster file says of it (the envelope):
     docker: str = ""  # the compose service its ranks run in (join.docker / workers[].docker)
     model_probe: bool = True  # probe the model its own entry builds before each dial (join.model_probe)

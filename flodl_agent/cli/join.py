@@ -134,6 +134,12 @@ class _JoinCommand(TailCommand):
     "builds, so the window refuses a box whose model differs (default: on; cached until the entry changes).",
 )
 @click.option(
+    "--controller-grace",
+    type=click.IntRange(0, 86400),
+    help="Seconds this box's ranks train on when the controller goes away mid-run, re-dialling "
+    "to resume in its launch (default: join.controller_grace, else the launch's; 0: stop them at once).",
+)
+@click.option(
     "--bin",
     "entry",
     metavar="PATH",
@@ -165,6 +171,7 @@ def join_cmd(
     devices: str | None,
     persist: bool | None,
     model_probe: bool | None,
+    controller_grace: int | None,
     entry: str | None,
     docker: str | None,
     libtorch: str | None,
@@ -205,6 +212,7 @@ def join_cmd(
         args=tuple(click.get_current_context().meta["tail"] or ()),
         docker=docker,
         model_probe=model_probe,
+        controller_grace=controller_grace,
     )
     try:
         settings = resolve_join(flags, spec, block, socket.gethostname())
@@ -231,6 +239,7 @@ def join_cmd(
         gpu_ram_share=settings.gpu_ram_share,
         docker=settings.docker,
         model_probe=settings.model_probe,
+        controller_grace=settings.controller_grace,
     )
     spinner = err.status(f"admitted as {options.host}; waiting for the world to form")
 

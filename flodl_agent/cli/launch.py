@@ -104,6 +104,25 @@ def _max_failure(value: str) -> str:
     help="Seconds an averaging round may wait for its last host before the run ends with ShutdownWithSave.",
 )
 @click.option(
+    "--controller-grace",
+    type=click.IntRange(0, 86400),
+    help="Seconds the formed world trains on if this controller dies, its agents re-dialling to "
+    "resume (default: cluster.controller.join.controller_grace, 120; 0: a lost controller stops "
+    "the ranks). Started again on the port, the launch resumes its journaled world.",
+)
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Discard the port's journal of an unfinished launch and open a new window instead of resuming it.",
+)
+@click.option(
+    "--handoff",
+    is_flag=True,
+    help="SIGTERM (a unit's stop or restart) hands a training world to the next controller on this "
+    "port instead of stopping it: the hosts train on for the controller grace and a restarted launch "
+    "resumes them. SIGINT still stops the run. The standing controller unit runs with it.",
+)
+@click.option(
     "--parallelism",
     callback=lambda _ctx, _param, value: _parallelism(value),
     help="tensor=N,pipeline=N[,data=N][,expert=N]: the formed world (hosts as nodes, ranks per host "
@@ -125,6 +144,9 @@ def launch(
     fanout: bool,
     max_failure: str,
     stall_ceiling: float,
+    controller_grace: int | None,
+    fresh: bool,
+    handoff: bool,
     parallelism: dict[str, int] | None,
     as_json: bool,
     command: tuple[str, ...],
@@ -151,6 +173,9 @@ def launch(
         fanout=fanout,
         max_failure=max_failure,
         stall_ceiling=stall_ceiling,
+        controller_grace=controller_grace,
+        fresh=fresh,
+        handoff=handoff,
         parallelism=parallelism,
     )
     launch_loaded(loaded, config_file, options, as_json)

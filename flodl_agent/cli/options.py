@@ -75,6 +75,7 @@ class JoinFlags:
     args: tuple[str, ...] = ()
     docker: str | None = None
     model_probe: bool | None = None
+    controller_grace: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class JoinSettings:
     gpu_ram_share: float | None = None
     docker: str = ""  # the compose service the ranks run in ("": on the box itself)
     model_probe: bool = True  # probe this box's own entry's model before each dial
+    controller_grace: float | None = None  # None: the launch's (WorldFormed)
 
 
 def parse_ssh_dest(text: str, identity: Path | None) -> Ssh:
@@ -139,6 +141,7 @@ JOIN: dict[str, Precedence] = {
     ),
     "persist": Precedence(("flags.persist", "block.persist"), none),
     "model_probe": Precedence(("flags.model_probe", "block.model_probe"), none),
+    "controller_grace": Precedence(("flags.controller_grace", "block.controller_grace"), none),
     # The box's own join block beats its cluster entry (a later road knows the box better).
     "gpu_ram_share": Precedence(("block.gpu_ram_share", "spec.gpu_ram_share"), none),
     "docker": Precedence(("flags.docker", "spec.docker", "block.docker")),
@@ -315,7 +318,12 @@ def resolve_join(flags: JoinFlags, spec: AgentSpec, block: Join, hostname: str) 
         notes=tuple(notes),
         gpu_ram_share=JOIN["gpu_ram_share"].pick(places)[0],
         docker=docker or "",
+        controller_grace=_grace(JOIN["controller_grace"].pick(places)[0]),
     )
+
+
+def _grace(seconds: object) -> float | None:
+    return float(seconds) if isinstance(seconds, int) else None
 
 
 def join_key(flags: JoinFlags, spec: AgentSpec, block: Join, host: str) -> bytes | None:

@@ -57,6 +57,13 @@ class Join(Model):
         default_factory=list, description="arguments for bin (or source's entry), verbatim"
     )
     persist: bool = Field(False, description="re-dial with backoff whenever the agent exits")
+    controller_grace: int | None = Field(
+        None,
+        ge=0,
+        le=86400,
+        description="seconds this box's ranks train on when the controller goes away, re-dialling "
+        "to resume (default: the launch's; 0: they stop at once)",
+    )
     model_probe: bool = Field(
         True, description="before each dial, probe the model this box's own entry builds (bin, source)"
     )

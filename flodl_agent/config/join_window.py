@@ -10,6 +10,8 @@ from ..address import is_loopback
 from .fields import DEFAULT_JOIN_TIMEOUT, DEFAULT_MAX_JOIN_TIMEOUT, Model, Ranks, Seconds, Token, check
 from .problems import Rule
 
+DEFAULT_CONTROLLER_GRACE = 120
+
 
 class JoinWindow(Model):
     """cluster.controller.join: how the membership window admits and closes."""
@@ -36,6 +38,13 @@ class JoinWindow(Model):
     )
     token: Token | None = Field(
         None, description="32 hex characters; replaces the per-run session salt as the join key"
+    )
+    controller_grace: int = Field(
+        DEFAULT_CONTROLLER_GRACE,
+        ge=0,
+        le=86400,
+        description="seconds a formed world trains on without its controller, agents re-dialling "
+        "to resume (a restarted controller waits as long for them); 0: a lost controller stops the ranks",
     )
 
     @model_validator(mode="after")

@@ -24,20 +24,24 @@ from typing import Any
 
 from ..address import is_loopback
 from ..config.ranks import rank_span, world_ranges
-from ..names import safe_lines, shown
+from ..names import safe_lines
 from ..observe.metrics import RankBoard
 from ..placement.fleet import PlacementError
 from ..placement.parallel import check_world
 from ..protocol import wire
-from ..protocol.join_protocol import Closed, Event, HelloReceived, JoinServer, KeyRefused, Message, WrongKey
-from ..protocol.messages import Average, BadMessage, Heartbeat, Hello, RankExited, Stream
-from ..protocol.streams import next_event, take_over
+from ..protocol.join_protocol import Closed, Event, Message
+from ..protocol.messages import Average, BadMessage, Heartbeat, RankExited, Stream
+from ..protocol.streams import take_over
 from ..train.hub import Hub
 from ..train.rendezvous import StreamRouter
 from . import admission
-from .admission import NO_KEY_WORDS, WRONG_KEY_WORDS, Cohort, Refusal, Roster
+from .admission import Cohort, Roster
+from .hellos import Hellos
 from .host_link import Link
+from .journal import Journal
+from .journaling import restored
 from .listener import Listener, Timeouts
+from .readoption import Readoption
 from .settings import Settings
 from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
 from .traffic import RoundFailed, Traffic
@@ -50,7 +54,7 @@ from .window import Fail, Form, Keep, Window
 FREEZE_EVERY = 256
 
 
-class Controller:
+class Controller(Hellos):
     def __init__(
         self,
         settings: Settings,
@@ -58,13 +62,15 @@ class Controller:
         clock: Callable[[], float] = time.monotonic,
         log: Callable[[str], None] = lambda line: None,
         timeouts: Timeouts | None = None,
+        resume: Journal | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         # Log lines quote peers (host names, refusal reasons, ssh's words): never raw to a terminal.
         self.log = log = safe_lines(log)
         self.timeouts = timeouts = timeouts or Timeouts()
-        self.salt = wire.new_salt()
+        # A resumed launch keeps its salt: its hosts' keys (and an open run's key) derive from it.
+        self.salt = bytes.fromhex(resume.salt) if resume is not None else wire.new_salt()
         self.key = wire.run_key(settings.token, self.salt)
         # A configured token always forces credential-checked admission, names bound to host keys.
         self.open = settings.token is None and (settings.open_admission or is_loopback(settings.bind))
@@ -100,10 +106,31 @@ class Controller:
         self._timer: asyncio.TimerHandle | None = None  # the window's next decision
         self._watch: asyncio.TimerHandle | None = None  # the supervisor's next deadline
         self._handshakes = 0
+        self.handed_off = False  # the world was handed to the next controller: it is not ours to judge
+        self.readoption: Readoption | None = None  # a journaled launch being taken back (resume)
+        self._grace: asyncio.TimerHandle | None = None  # readoption's end: missing hosts are lost
+        if resume is not None:
+            self._resume(resume)
 
-    @property
-    def dropped(self) -> Counter[str]:
-        return self.listener.gate.dropped
+    def _resume(self, journal: Journal) -> None:
+        """Take the journaled world back as it stood: training, its supervision restored, its
+        rounds and streams routed anew; its hosts walk back in with resume hellos."""
+        now = self.clock()
+        grace = self.settings.controller_grace
+        self.readoption = readoption = Readoption(journal, now, grace)
+        members = [(span.host, len(span.ranks)) for span in journal.world]
+        self.window = Window.resumed(self.settings.window, members, now)
+        self.run_id = journal.run_id
+        self.supervisor = supervisor = restored(journal, self.settings.limits, now)
+        # Silence is judged from the grace's end: until then a missing host is only missing.
+        supervisor.seen = dict.fromkeys(supervisor.world, readoption.deadline)
+        expected = set(readoption.expected)
+        for span in journal.world:
+            if span.host not in expected:
+                self.window.leave(span.host, now)  # finished or evicted before the restart
+        self.traffic = Traffic([s.host for s in journal.world], self.links, supervisor, self.dropped)
+        for host in set(supervisor.world) - expected:
+            self.traffic.left(host)
 
     @property
     def hub(self) -> Hub | None:
@@ -125,10 +152,18 @@ class Controller:
 
     async def start(self) -> None:
         self.port = await self.listener.open()
+        if self.readoption is not None:
+            self.note(
+                "resume", f"resuming launch {self.settings.launch}: waiting for its hosts to walk back in"
+            )
+            self._grace = self._arm(None, self.readoption.deadline, self._grace_over)
+            if self.readoption.complete():  # every host had finished: nobody to wait for
+                self._readoption_over()
+            self._rearm()
         self._apply(self.window.decide(self.clock()))
 
     async def close(self) -> None:
-        for timer in (self._timer, self._watch):
+        for timer in (self._timer, self._watch, self._grace):
             if timer is not None:
                 timer.cancel()
         await self.listener.close()
@@ -139,6 +174,19 @@ class Controller:
     def fail(self, reason: str) -> None:
         """Fail the run from outside (the launcher): Abort goes down every link."""
         self._apply(self.window.fail(reason, self.clock()))
+
+    def hand_off(self) -> bool:
+        """Step away from a training world without ending it (the launcher's --handoff): every
+        link is cut, no Abort, so the hosts train on for their grace and the next controller
+        resumes the journaled launch. False when there is no such world to hand over."""
+        if self.window.phase != "training" or self.settings.controller_grace <= 0 or self.handed_off:
+            return False
+        self.handed_off = True
+        self.exit_code = 0  # this controller's part ended as it should
+        for link in list(self.links.values()):
+            link.writer.transport.abort()  # as a kill would: the agents' grace begins
+        self.finished.set()
+        return True
 
     def _apply(self, decision: Keep | Form | Fail) -> None:
         if isinstance(decision, Form):
@@ -181,6 +229,7 @@ class Controller:
                 "command": self.settings.command,
                 "env": self.settings.env,
                 "launch": self.settings.launch,
+                "controller_grace": self.settings.controller_grace,
             }
         )
         # Training starts at the freeze: a host that gets its share early may
@@ -295,96 +344,7 @@ class Controller:
         lost = self.supervisor.rank_failed
         return self._verdict(lost(reason, ranks, averaging=self.averaging, now=self.clock(), started=started))
 
-    # --- connections ---------------------------------------------------------
-
-    async def _join(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        peer: str,
-        settle: Callable[[], None],
-    ) -> None:
-        if self._handshakes >= self.timeouts.handshakes:
-            self.dropped["busy"] += 1
-            self.listener.say("drop", (peer, "busy"), f"turned {peer} away: every handshake slot is taken")
-            return
-        self._handshakes += 1
-        try:
-            link = await self._handshake(reader, writer, peer)
-        finally:
-            self._handshakes -= 1
-            settle()  # admitted or not, the handshake is over
-        if link is not None:
-            await self._link(reader, link)
-
-    async def _handshake(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
-    ) -> Link | None:
-        """Challenge, hello, admission; the admitted host's link, or None."""
-        conn = JoinServer(None if self.open else self.key, salt=self.salt)
-        writer.write(conn.start())
-        try:
-            event = await next_event(reader, conn, self.timeouts.hello)
-        except WrongKey as exc:
-            writer.write(exc.reply)  # the box learns why, and stops
-            host = shown(exc.host)  # unproven, and as long as a hello may be: cut for the log
-            self._bad_key(peer, host, WRONG_KEY_WORDS.format(host=host))
-            return None
-        if isinstance(event, KeyRefused):
-            self._bad_key(peer, "", NO_KEY_WORDS)
-            return None
-        if not isinstance(event, HelloReceived):
-            return None  # the peer hung up
-        hello = event.hello
-        refusal = self._admit(hello)
-        if refusal is not None:
-            # Keyed by the host too: every tunnelled walk-in arrives from 127.0.0.1.
-            key = (peer, refusal.code, hello.host)
-            self._refused(key, refusal.code, f"refused {hello.host or peer}: {refusal.reason}")
-            writer.write(conn.refuse(refusal.reason, refusal.fix, permanent=refusal.permanent))
-            await writer.drain()
-            return None
-        first = self.window.joined_ranks
-        count = len(hello.devices)
-        decision = self.window.join(hello.host, count, self.clock())  # _admit checked the phase
-        link = Link(hello, writer, conn, time.time(), peer)
-        self._register(link, first)
-        # The accept rekeys the link: whatever follows (a WorldFormed this very join
-        # may trigger) speaks this connection's key.
-        writer.write(conn.accept(first, count))
-        self.admitted += 1
-        span = rank_span(range(first, first + count), noun=True)
-        self.note(
-            "join", f"admitted {hello.host} ({peer}): {span} on {', '.join(hello.devices)}; runs {hello.runs}"
-        )
-        self._apply(decision)
-        try:
-            await writer.drain()
-        except (ConnectionError, OSError):
-            # A failed Accept write rolls the admission back (or, after the freeze, is a lost host).
-            if self.links.get(hello.host) is link:
-                self._unregister(link)
-                self._closed(link)
-            return None
-        return link
-
-    def host_key(self, host: str) -> bytes | None:
-        """What an agent dials as ``host`` with (a fan-out's spec); None under open admission."""
-        return None if self.open else wire.host_key(self.key, host)
-
-    def _refused(self, key: tuple[str, ...], code: str, line: str) -> None:
-        """Count every refusal; log one per ``key`` (peer, reason) a minute: floods must not fill disks."""
-        self.refused[code] += 1
-        self.listener.say("refusal", key, line)
-
-    def _bad_key(self, peer: str, host: str, words: str) -> None:
-        self._refused((peer, "bad_key", host), "bad_key", f"refused {host or peer}: {words}")
-        self.listener.charge(peer)  # a bad dial: the dial guard's budget pays for it
-
-    def _admit(self, hello: Hello) -> Refusal | None:
-        if not self.window.can_admit():
-            return admission.window_closed(self.window.phase)
-        return admission.check(self.cohort, hello, self.settings.plane, self.settings.tunnel_only)
+    # --- links ---------------------------------------------------------------
 
     async def _link(self, reader: asyncio.StreamReader, link: Link) -> None:
         """The host's control link for the whole run; its EOF is the host's exit."""
@@ -407,7 +367,45 @@ class Controller:
         finally:
             if self.links.get(host) is link:
                 self._unregister(link)
-                self._closed(link)
+                self._closed(host)
+
+    def _readopted(self, link: Link) -> None:
+        """A journaled host walked back in: its link is the one its ranks report through now."""
+        readoption, hello = self.readoption, link.hello
+        assert readoption is not None and hello.resume is not None and self.supervisor is not None
+        claim = hello.resume
+        link.ranks = range(claim.first, claim.first + claim.count)
+        self.links[hello.host] = link
+        self.formed = [(f, r) for f, r in self.formed if f.hello.host != hello.host] + [(link, claim.first)]
+        self.view.arrived(link, claim.first)
+        readoption.admitted(hello.host)
+        self.supervisor.heard(hello.host, self.clock())
+        if self.traffic is not None:
+            self.traffic.resumed(hello.host, claim.round)
+        span = rank_span(link.ranks, noun=True)
+        self.note("resume", f"host {hello.host} ({link.peer}) is back: {span} trained on")
+        if readoption.complete() and not readoption.said:
+            self._readoption_over()
+
+    def _grace_over(self) -> None:
+        """The grace ran out: the hosts not back are lost, as a host whose link closed is."""
+        readoption = self.readoption
+        if readoption is None or readoption.said:
+            return
+        missing = readoption.missing()
+        self._readoption_over()
+        for host in missing:
+            if self.window.phase != "training":
+                break
+            self.note("lost", f"host {host} did not come back within {readoption.grace:g}s")
+            self._closed(host)
+
+    def _readoption_over(self) -> None:
+        assert self.readoption is not None
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        self.note("resumed", self.readoption.words(self.clock()))
 
     def _on_message(self, link: Link, event: Message) -> None:
         host, message = link.hello.host, event.message
@@ -465,10 +463,9 @@ class Controller:
         self.cohort.remove(link.hello.host)
         self.view.invalidate()
 
-    def _closed(self, link: Link) -> None:
-        host = link.hello.host
+    def _closed(self, host: str) -> None:
         phase = self.window.phase
-        if phase in ("done", "failed"):
+        if phase in ("done", "failed") or self.handed_off:
             return
         supervisor = self.supervisor
         if supervisor is not None and supervisor.shutdown:

@@ -26,7 +26,7 @@ from .supervision import Limits, Supervisor
 from .window import Window
 
 SETTLE = 0.5  # seconds: changes after the formation are written at most this often
-CHANGES = frozenset({"exit", "eviction", "leave", "save", "cut"})
+CHANGES = frozenset({"exit", "eviction", "leave", "save", "cut", "resume", "lost"})
 
 
 class Journaled(Protocol):
@@ -42,41 +42,59 @@ class Journaled(Protocol):
 
 
 class Journaler:
-    def __init__(self, ctl: Journaled, path: Path, log: Callable[[str], None]) -> None:
-        self.ctl, self.path, self.log = ctl, path, log
+    def __init__(self, ctl: Journaled | None, path: Path, log: Callable[[str], None]) -> None:
+        self.ctl, self.path, self.log = ctl, path, log  # ctl: attached once the controller exists
         self._lock: int | None = None
         self._soon: asyncio.TimerHandle | None = None
         self._broken = False
         self._closed = False
 
     @classmethod
-    def open(cls, ctl: Journaled, log: Callable[[str], None], directory: Path | None = None) -> Journaler:
-        """The journal of ``ctl``'s port, held for this controller's life. Raises JournalError
-        while another controller holds it. A journal its controller left unfinished is said
-        and closed: its world did not outlive that controller."""
-        path = journal_path(ctl.port) if directory is None else journal_path(ctl.port, directory)
-        keeper = cls(ctl, path, log)
+    def take(
+        cls, port: int, log: Callable[[str], None], directory: Path | None = None
+    ) -> tuple[Journaler, Journal | None]:
+        """The journal of ``port``, held for this controller's life, and the journal left on it
+        (None: none, or one that cannot be read, said). Raises JournalError while another
+        controller holds it: two controllers resuming one world would split it."""
+        path = journal_path(port) if directory is None else journal_path(port, directory)
+        keeper = cls(None, path, log)
         try:
             keeper._lock = journals.hold(path)
         except OSError as exc:  # a home it cannot write: the run needs no journal to train
             keeper._say(exc)
-            return keeper
+            return keeper, None
         try:
-            left = journals.read_journal(path)
+            return keeper, journals.read_journal(path)
         except JournalError as exc:
             log(f"journal: {exc}; it is replaced when this launch's world forms")
-            return keeper
-        if left is not None and left.phase == "training":
-            log(unfinished_words(left, path))
-            keeper._write(left.model_copy(update={"phase": "failed", "reason": STOPPED}))
+            return keeper, None
+
+    @classmethod
+    def open(cls, ctl: Journaled, log: Callable[[str], None], directory: Path | None = None) -> Journaler:
+        """``take`` for a controller that opens a new window: a journal its controller left
+        unfinished is said and closed, its world did not outlive that controller."""
+        keeper, left = cls.take(ctl.port, log, directory)
+        keeper.ctl = ctl
+        keeper.discard(left)
         return keeper
+
+    def discard(self, left: Journal | None) -> None:
+        """A new window opens over ``left``: an unfinished launch's journal is closed, failed."""
+        if left is not None and left.phase == "training":
+            self.log(unfinished_words(left, self.path))
+            self._write(left.model_copy(update={"phase": "failed", "reason": STOPPED}))
 
     def on_note(self, kind: str, line: str) -> None:
         if self._closed:
             return  # the links closing after the launch's end change nothing it journals
         if kind == "formed":
             self.write()
-        elif kind in CHANGES and self._soon is None and self.ctl.supervisor is not None:
+        elif (
+            kind in CHANGES
+            and self._soon is None
+            and self.ctl is not None
+            and self.ctl.supervisor is not None
+        ):
             self._soon = asyncio.get_running_loop().call_later(SETTLE, self.write)
 
     def write(self) -> None:
@@ -92,7 +110,8 @@ class Journaler:
             self._write(journal)
 
     def close(self) -> None:
-        """The launch is over: its journal says how (a formed world's), and the lock goes."""
+        """The launch is over: its journal says how (a formed world's; one handed to the next
+        controller stays at training), and the lock goes."""
         if self._soon is not None:
             self._soon.cancel()
         self.write()
@@ -103,8 +122,9 @@ class Journaler:
 
     def snapshot(self) -> Journal | None:
         """The formed world as the controller holds it now; None before it formed."""
-        ctl, supervisor = self.ctl, self.ctl.supervisor
-        if supervisor is None or not supervisor.world:
+        ctl = self.ctl
+        supervisor = ctl.supervisor if ctl is not None else None
+        if ctl is None or supervisor is None or not supervisor.world:
             return None
         phase = ctl.window.phase
         ended = phase in ("done", "failed")

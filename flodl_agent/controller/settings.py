@@ -33,6 +33,10 @@ class Settings:
     max_failure: str = "0"  # ranks that may fail mid-run: "N", or "P%" of the formed world
     shutdown_grace: float = 60.0  # seconds survivors get to save before the run is aborted
     stall_ceiling: float = 600.0  # seconds an averaging round may wait for its last host
+    # Seconds a formed world trains on without its controller, its agents re-dialling with
+    # resume hellos (0: a lost controller stops the ranks); also how long a restarted
+    # controller waits for its journaled hosts.
+    controller_grace: float = 0.0
     heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
     parallelism: dict[str, int] | None = None  # tensor/pipeline/data/expert the formed world must satisfy
     tls: tuple[str, str] | None = None  # (certificate, key): serve the port over TLS

@@ -4,7 +4,9 @@ Everything dials in, so the controller carries what ranks on different hosts
 say to each other: torch's store connections (relayed as streams between rank
 0's host and the others) and the CPU plane's averaging rounds (summed by the
 ``hub``). This module routes both between the host links; the supervisor hears
-when a round opens and closes (its stall ceiling), and who saves at a shutdown.
+when a round opens and closes (its stall ceiling), and who saves at a shutdown. A restarted
+controller hears from each host it re-adopts which round it pushes next (``resumed``): the
+rounds below the highest are abandoned, so that the hosts meet again.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class Traffic:
             if pushed.offset == 0:  # once per round, not per piece
                 self.tell_shutdown(host, pushed.round)
             return False
+        if pushed.round < self.hub.floor:  # abandoned at a resume: answered at once, never opened
+            self._send(self.hub.push(host, pushed.round, 0.0, b"", pushed.bf16, pushed.offset))
+            return False
         self.rounds.opened(pushed.round, self.clock())
         try:
             pieces = self.hub.push(
@@ -100,12 +105,25 @@ class Traffic:
         self.supervisor.round_opened(pushed.round, now)
         return True
 
+    def resumed(self, host: str, round_no: int) -> None:
+        """A restarted controller re-adopted ``host``, whose ranks push ``round_no`` next: the
+        hub's floor rises to it, and the open rounds below it end, answered with weight 0 (their
+        ranks keep their parameters), so that every host meets at the floor."""
+        abandoned = self.hub.resume(round_no)
+        for piece in abandoned:
+            self.supervisor.round_closed(piece.round)
+        self._send(abandoned)
+
     def deliver(self, pieces: list[Averaged]) -> None:
         """Pieces of averages, to every host of their round (the same bytes to each: no copy)."""
         for piece in pieces:
             if piece.last:
                 self.supervisor.round_closed(piece.round)
                 self.rounds.closed(piece.round, self.clock(), piece.weights)
+        self._send(pieces)
+
+    def _send(self, pieces: list[Averaged]) -> None:
+        for piece in pieces:
             body = {
                 "round": piece.round,
                 "weight": piece.weight,

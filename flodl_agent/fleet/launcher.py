@@ -8,7 +8,7 @@ import errno
 import secrets
 import signal
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from ..config.problems import format_path
 from ..config.ranks import CapacityUnknown, fanout_ranks, plan_window
 from ..config.source import path_kind
 from ..controller.controller import Controller
-from ..controller.journal import JournalError
+from ..controller.journal import Journal, JournalError, Resume, on_start, settings_digest
 from ..controller.journaling import Journaler
 from ..controller.listener import BindError
 from ..controller.settings import Settings
@@ -49,6 +49,9 @@ class LaunchOptions:
     max_failure: str = "0"
     stall_ceiling: float = 600.0
     parallelism: dict[str, int] | None = None
+    controller_grace: int | None = None  # --controller-grace; None: the cluster file's
+    fresh: bool = False  # --fresh: discard an unfinished launch's journal instead of resuming it
+    handoff: bool = False  # --handoff: SIGTERM hands a training world to the next controller
     linger: float = LINGER  # seconds the port serves the final phase after the verdict, when watched
 
 
@@ -90,9 +93,10 @@ class OperatorStop:
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     REPEATED = (signal.SIGHUP,)
 
-    def __init__(self, controller: Controller, log: Callable[[str], None]) -> None:
+    def __init__(self, controller: Controller, log: Callable[[str], None], handoff: bool = False) -> None:
         self.controller = controller
         self.log = log
+        self.handoff = handoff  # SIGTERM hands a training world over instead of stopping it
         self.signal: signal.Signals | None = None
         self._installed: list[signal.Signals] = []
 
@@ -125,6 +129,13 @@ class OperatorStop:
         self.remove()
         if self.signal is not None or self.controller.finished.is_set():
             return  # a stop under way, or the run has its verdict and the launch is closing
+        if self.handoff and sig == signal.SIGTERM and self.controller.hand_off():
+            grace = self.controller.settings.controller_grace
+            self.log(
+                f"SIGTERM: handing the world over to the next controller on this port (its hosts "
+                f"train on for {grace:g}s); SIGINT stops the run itself"
+            )
+            return
         self.signal = sig
         self.log(f"{sig.name}: the operator stopped the launch; telling every host")
         self.controller.fail(f"the operator stopped the launch ({sig.name} on the controller)")
@@ -144,6 +155,16 @@ def controller_for(
     probed: Mapping[str, int] | None = None,
 ) -> Controller:
     """``probed``: the ranks of each worker offering ``all``, counted at dispatch."""
+    return Controller(settings_for(cluster, options, log, probed), log=log)
+
+
+def settings_for(
+    cluster: Cluster,
+    options: LaunchOptions,
+    log: Callable[[str], None],
+    probed: Mapping[str, int] | None = None,
+) -> Settings:
+    """What the launch's controller runs: the cluster file under the launch's flags."""
     join = cluster.controller.join
     check_tls_files(cluster)
     configured = capacity(cluster, probed)
@@ -171,7 +192,7 @@ def controller_for(
         if not cluster.workers:
             raise LaunchError(f"--bind {bind} {said}", LOCKED_OUT_FIX)
         log(f"warning: --bind {bind} {said}")
-    settings = Settings(
+    return Settings(
         window=window,
         command=options.command,
         bind=bind,
@@ -186,12 +207,14 @@ def controller_for(
         capacity=configured,
         max_failure=options.max_failure,
         stall_ceiling=options.stall_ceiling,
+        controller_grace=float(
+            join.controller_grace if options.controller_grace is None else options.controller_grace
+        ),
         parallelism=options.parallelism,
         tls=(cluster.controller.tls.cert, cluster.controller.tls.key) if cluster.controller.tls else None,
         host_facts={w.host: cluster.host_facts(w.host) for w in cluster.workers},
         walk_in_facts=cluster.host_facts(None),
     )
-    return Controller(settings, log=log)
 
 
 def check_tls_files(cluster: Cluster) -> None:
@@ -229,14 +252,7 @@ async def launch(
     """Run one launch to its verdict; ``watch`` (a live display) runs alongside, and
     ``report`` gets the run's report (the world as formed, every rank's exit) at the end."""
     controller, probed, journal = await _open(cluster, options, log)
-    settings = controller.settings
-    mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
-    window = settings.window
-    log(
-        f"join window open on {settings.bind}:{controller.port} "
-        f"(launch {settings.launch}, admission {mode}); "
-        f"quorum {window.quorum}, target {window.target}, start {window.start}"
-    )
+    log(opened_words(controller))
     by_host = {w.host: w for w in cluster.workers}
 
     def session_ended(host: str, code: int, tail: str) -> None:
@@ -258,10 +274,11 @@ async def launch(
             )
 
     fanout = Fanout(log, session_ended)
-    stop = OperatorStop(controller, log)
+    stop = OperatorStop(controller, log, options.handoff)
     stop.install()
     try:
-        if options.fanout and cluster.workers:
+        # A resumed world's agents are running already (their units re-dial): no new sessions.
+        if options.fanout and cluster.workers and controller.readoption is None:
             await _fan_out(fanout, cluster, controller)
         watcher = asyncio.ensure_future(watch(controller)) if watch is not None else None
         await controller.finished.wait()
@@ -269,21 +286,44 @@ async def launch(
             watcher.cancel()
         # Not after the operator's stop: a signal means now (systemd's stop, a relaunch that
         # wants the port); the kept verdict answers status from here on.
-        if controller.view.watched(WATCHED) and stop.signal is None:
+        if controller.view.watched(WATCHED) and stop.signal is None and not controller.handed_off:
             await _linger(controller, options.linger)
     finally:
         stop.remove()
         try:
-            # Kept before the port closes: a status query finds the controller or its verdict, never neither.
-            journal.close()
-            keep_verdict(controller.view.report(), settings.bind, controller.port)
-            await controller.close()
-            await fanout.stop()
+            await _close(controller, journal, fanout)
         finally:
             stop.release()
     if report is not None:
         report(controller.view.report())
     return stop.exit_code(controller.exit_code)
+
+
+async def _close(controller: Controller, journal: Journaler, fanout: Fanout) -> None:
+    # Kept before the port closes: a status query finds the controller or its verdict, never neither.
+    journal.close()
+    if not controller.handed_off:  # a handed-off world has no verdict yet: its journal tells it
+        keep_verdict(controller.view.report(), controller.settings.bind, controller.port)
+    await controller.close()
+    await fanout.stop()
+
+
+def opened_words(controller: Controller) -> str:
+    """The launch's first line: the window it opened, or the launch it resumed."""
+    settings, window = controller.settings, controller.settings.window
+    mode = "open (salt handed out in Accept)" if controller.open else "credential-checked"
+    if controller.readoption is not None:
+        hosts = len(controller.readoption.expected)
+        return (
+            f"launch {settings.launch} resumed on {settings.bind}:{controller.port} (admission {mode}): "
+            f"its world trains on; waiting up to {settings.controller_grace:g}s for its {hosts} "
+            f"host{'s' if hosts != 1 else ''} to walk back in"
+        )
+    return (
+        f"join window open on {settings.bind}:{controller.port} "
+        f"(launch {settings.launch}, admission {mode}); "
+        f"quorum {window.quorum}, target {window.target}, start {window.start}"
+    )
 
 
 async def _open(
@@ -296,18 +336,47 @@ async def _open(
         probed = await count_devices(cluster, log) if options.fanout else {}
     except DispatchError as exc:
         raise LaunchError(exc.message, exc.fix) from None
-    controller = controller_for(cluster, options, log, probed)
+    settings = settings_for(cluster, options, log, probed)
+    keeper, resume = _journal(settings, options, log)
+    if resume is not None:
+        settings = replace(settings, launch=resume.launch)  # the same launch, carried on
+    controller = Controller(settings, log=log, resume=resume)
     try:
         await controller.start()
     except BindError as exc:
+        if keeper is not None:
+            keeper.close()
         raise bind_failure(exc, controller.settings.bind, controller.settings.port) from None
+    if keeper is None:  # an ephemeral port: its journal is found only once it is open
+        try:
+            keeper = Journaler.open(controller, log)
+        except JournalError as exc:  # another controller holds this port's journal (another bind)
+            await controller.close()
+            raise LaunchError(str(exc), exc.fix) from None
+    keeper.ctl = controller
+    controller.view.listeners.append(keeper.on_note)
+    return controller, probed, keeper
+
+
+def _journal(
+    settings: Settings, options: LaunchOptions, log: Callable[[str], None]
+) -> tuple[Journaler | None, Journal | None]:
+    """The port's journal, held for this launch, and the launch it resumes (None: a new
+    window; a journal left unfinished is then closed). No keeper yet for port 0."""
+    if settings.port == 0:
+        return None, None
     try:
-        journal = Journaler.open(controller, log)
-    except JournalError as exc:  # another controller holds this port's journal (another bind)
-        await controller.close()
+        keeper, left = Journaler.take(settings.port, log)
+        decision = on_start(left, settings_digest(settings), fresh=options.fresh, path=keeper.path)
+    except JournalError as exc:  # another controller holds it, or it ran other settings
         raise LaunchError(str(exc), exc.fix) from None
-    controller.view.listeners.append(journal.on_note)
-    return controller, probed, journal
+    if isinstance(decision, Resume):
+        log(f"launch {decision.journal.launch} did not finish: resuming it (journal {keeper.path})")
+        return keeper, decision.journal
+    if decision.why:
+        log(decision.why)
+    keeper.discard(left)
+    return keeper, None
 
 
 async def _fan_out(fanout: Fanout, cluster: Cluster, controller: Controller) -> None:

@@ -115,7 +115,9 @@ class RoundLog:
 @dataclass(frozen=True)
 class Event:
     at: float  # the controller's clock
-    kind: str  # open, join, refusal, start, formed, leave, exit, eviction, cut, save, verdict
+    # open, join, refusal, start, formed, leave, exit, eviction, cut, save, verdict; after a
+    # controller's restart: resume, resumed, lost
+    kind: str
     text: str
 
 

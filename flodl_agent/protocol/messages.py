@@ -91,6 +91,7 @@ class ResumeClaim(Msg):
     launch: str = Field(pattern=r"^[0-9a-f]{8}$")
     first: int = Field(ge=0)
     count: int = Field(ge=1, le=MAX_DEVICES)
+    round: int = Field(0, ge=0)  # the CPU plane's round its ranks push next (0: none yet)
 
 
 class Hello(Msg):
@@ -104,7 +105,9 @@ class Hello(Msg):
     variant: Short = "cpu"  # torch variant label: cpu, cu128, rocm6.4, ...
     dataset_sig: Sig = ""
     model_sig: Sig = ""
-    run_id: Sig = ""  # the published run this box fetched and built (32 hex), "" when none
+    # The published run this box fetched and built, "" when none: the journal's form, so a
+    # formed world's journal can always hold what its walk-ins said.
+    run_id: str = Field("", pattern=r"^([0-9a-f]{32})?$")
     nccl: Short = ""  # "2.27.3", empty when the variant ships none
     data_path: Short = ""
     # What its ranks run when that is not the launch's command ("": the launch's), for the
@@ -184,6 +187,9 @@ class WorldFormed(Msg):
     command: list[Arg] = Field(min_length=1)
     env: dict[EnvName, Arg] = Field(default_factory=dict)
     launch: Short = ""  # the launch's label (TORCHELASTIC_RUN_ID); not the published run's identity
+    # Seconds the host's ranks train on when the link to the controller breaks, re-dialling
+    # with a resume hello (0: they stop at once, as from a controller that predates it).
+    controller_grace: float = Field(0.0, ge=0, le=86400)
 
 
 class RankExited(Msg):

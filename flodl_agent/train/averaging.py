@@ -139,8 +139,8 @@ class Averager:
         Tensors keep their identity (``.data`` is re-pointed: an optimizer holding the
         parameters goes on working); one that cannot live there (not float32 on the CPU) keeps
         its storage and is copied each round, as any tensor not adopted is. A round that does
-        not come back whole (the run ends mid-round, or every host that stepped died in it)
-        may leave adopted tensors holding the pieces of the average that did.
+        not come back whole leaves them as they were (the agent keeps what pieces of the average
+        overwrote), unless the agent itself dies mid-round.
         """
         import torch
 
@@ -183,14 +183,8 @@ class Averager:
                     if not self._in_place(t, base, offset):
                         segment[offset : offset + n].copy_(t.detach().reshape(-1))
                     offset += n
-        body = {
-            "round": self.round,
-            "rank": self.rank,
-            "weight": float(weight),
-            "size": size,
-            "bf16": self.bf16_wire,
-            "raw": True,  # the segment holds the parameters as they are: the agent weighs them
-        }
+        body: dict[str, Any] = {"round": self.round, "rank": self.rank, "weight": float(weight), "size": size}
+        body.update(bf16=self.bf16_wire, raw=True)  # raw: the parameters as they are, for the agent to weigh
         self._sock.sendall(self._codec.encode(wire.Kind.AVERAGE, body))
         reply = self._receive()
         if reply.get("error"):
@@ -259,10 +253,8 @@ class AverageRelay:
 
     def __init__(self, ranks: list[int], send: Send, clock: Callable[[], float] = time.monotonic) -> None:
         self.key = os.urandom(wire.KEY_BYTES)
-        shm = "/dev/shm"
-        self.directory = Path(
-            tempfile.mkdtemp(prefix="flodl-plane-", dir=shm if os.access(shm, os.W_OK) else None)
-        )
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        self.directory = Path(tempfile.mkdtemp(prefix="flodl-plane-", dir=shm))
         self._alive = set(ranks)
         self._send = send
         self._rounds: dict[int, _Pending] = {}
@@ -278,6 +270,11 @@ class AverageRelay:
         self._sent: tuple[float, int] | None = None  # the round up the link: when it left, its bytes
         self.rate: float | None = None  # the link's bytes a second in the last round (sizes pieces)
         self._writers: dict[int, tuple[asyncio.StreamWriter, wire.Codec]] = {}
+        self._linked = True  # a controller link is in place (``link_lost``: rounds are held)
+        self._next = 0  # the lowest round the ranks here have not had answered
+        self._up: int | None = None  # the round folded up the link, its answer not whole yet
+        # What an own landing overwrote of the rank's parameters ([0, _kept)), until it adopts the average.
+        self._backup, self._kept = np.empty(0, np.float32), 0
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -327,12 +324,30 @@ class AverageRelay:
         self._alive.discard(rank)
         self._fold_ready()
 
+    @property
+    def next_round(self) -> int:
+        """The lowest round the ranks here have not had answered: what they push next or wait on."""
+        return self._next
+
+    def link_lost(self) -> None:
+        """The controller link broke (it reads no more): the round up it is abandoned (its ranks get
+        weight 0, their parameters as pushed); rounds that become ready wait for ``link_back``."""
+        self._linked, self._sent = False, None
+        if self._up is not None:
+            self._finish({"round": self._up, "weight": 0.0}, adopted=False)
+
+    def link_back(self) -> None:
+        """A new link is in place under ``send``: held rounds go up, in order."""
+        self._linked = True
+        self._fold_ready()
+
     def _fold_ready(self) -> None:
         for round_no in sorted(self._rounds):
             pending = self._rounds[round_no]
-            if not self._alive <= pending.pushes.keys():
-                return  # rounds are folded in order
+            if not self._linked or not self._alive <= pending.pushes.keys():
+                return  # rounds are folded in order, and only up a link
             del self._rounds[round_no]
+            self._up = round_no  # before the send: a link may answer within it
             self._send(self._fold(round_no, pending))
 
     def _fold(self, round_no: int, pending: _Pending) -> Iterable[Piece]:
@@ -344,9 +359,8 @@ class AverageRelay:
             return [({"round": round_no, "error": error}, b"")]
         size = next(iter(sizes.values()), 0)
         if size % 4:
-            return [
-                ({"round": round_no, "error": f"a rank pushed {size} bytes: not float32 parameters"}, b"")
-            ]
+            error = f"a rank pushed {size} bytes: not float32 parameters"
+            return [({"round": round_no, "error": error}, b"")]
         parts = []
         weight = 0.0
         try:
@@ -399,8 +413,8 @@ class AverageRelay:
         sink: ``body`` is not verified yet, and nothing reads the average until the round is in)."""
         params, offset = body.get("params"), body.get("offset")
         self._landed = None
-        if kind is not wire.Kind.AVERAGED or body.get("bf16") or nbytes % 4:
-            return None
+        if kind is not wire.Kind.AVERAGED or body.get("bf16") or nbytes % 4 or body.get("round") != self._up:
+            return None  # not the round up the link (an abandoned one's late piece): nothing lands
         if not (isinstance(params, int) and isinstance(offset, int) and 0 <= offset <= params - nbytes // 4):
             return None
         if params > DATA_MAX // 4:
@@ -409,40 +423,74 @@ class AverageRelay:
             average = self._landing.view(4 * params)
         except (OSError, ValueError):
             return None
+        self._keep(average, offset + nbytes // 4)
         self._landed = average[offset : offset + nbytes // 4].data.cast("B")
         return self._landed
 
+    def _keep(self, average: np.ndarray, stop: int) -> None:
+        """Before a piece lands in a rank's own segment, what it overwrites: a round not adopted
+        (abandoned, refused) leaves the rank's tensors as they were. One copy here, as the rest
+        is on the link: landing elsewhere would have the rank copy the average in, every round."""
+        stop = min(stop, len(average))
+        if self._landing is self._average or stop <= self._kept:
+            return
+        if len(self._backup) < len(average):
+            self._backup = np.empty(len(average), np.float32)
+        self._backup[self._kept : stop] = average[self._kept : stop]
+        self._kept = stop
+
     def deliver(self, body: dict[str, Any], blob: wire.Blob) -> None:
         """A piece of the controller's average: where the round lands; once the round is whole
-        (or refused), word to every local rank."""
-        landing, own = self._landing, self._landing is not self._average
+        (or refused), word to every local rank. A round over here (abandoned) is ignored."""
+        if isinstance(round_no := body.get("round"), int) and round_no < self._next:
+            return
         if not body.get("error"):
-            bf16 = bool(body.get("bf16"))
-            count = len(blob) // (2 if bf16 else 4)
-            params = int(body.get("params") or count)
-            weight = float(body.get("weight", 0.0))
-            self._weight = weight if self._weight is None else min(self._weight, weight)
-            if count and blob is not self._landed:
-                offset = int(body.get("offset", 0))
-                np.copyto(landing.view(4 * params)[offset : offset + count], decode(blob, bf16))
-            self._landed = None
-            if not body.get("last", True):
+            if not self._land(body, blob):
                 return
             body = {**body, "weight": self._weight}
             if self._sent is not None:  # up and back: the link's pace, for the next round's pieces
                 (began, nbytes), self._sent = self._sent, None
                 if (seconds := self._clock() - began) > 0:
                     self.rate = nbytes / seconds
-        self._weight, self._landing = None, self._average
+        self._finish(body, adopted=not body.get("error") and body["weight"] > 0)
+
+    def _land(self, body: dict[str, Any], blob: wire.Blob) -> bool:
+        """A piece into where the round lands (unless received there); True for the last."""
+        bf16 = bool(body.get("bf16"))
+        count = len(blob) // (2 if bf16 else 4)
+        params = int(body.get("params") or count)
+        weight = float(body.get("weight", 0.0))
+        self._weight = weight if self._weight is None else min(self._weight, weight)
+        if count and blob is not self._landed:
+            offset, average = int(body.get("offset", 0)), self._landing.view(4 * params)
+            self._keep(average, offset + count)
+            np.copyto(average[offset : offset + count], decode(blob, bf16))
+        self._landed = None
+        return bool(body.get("last", True))
+
+    def _finish(self, body: dict[str, Any], adopted: bool) -> None:
+        """The round is over: word to every local rank (an own landing not adopted undone first)."""
+        own = self._landing is not self._average
+        if own and not adopted:
+            self._restore()  # the rank's parameters as it pushed them
+        self._weight, self._landing, self._landed, self._kept, self._up = None, self._average, None, 0, None
+        if isinstance(round_no := body.get("round"), int):
+            self._next = max(self._next, round_no + 1)
         reply: dict[str, Any] = {k: body[k] for k in ("round", "weight", "error", "saver") if k in body}
         reply.update(raw=True, own=own)  # the parameters were weighed here; where the average is
         for writer, codec in list(self._writers.values()):
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.write(codec.encode(wire.Kind.AVERAGED, reply))
 
+    def _restore(self) -> None:
+        kept = min(self._kept, len(self._landing.array))
+        self._landing.array[:kept] = self._backup[:kept]
+
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._up is not None and self._landing is not self._average:
+            self._restore()  # the run ends mid-round: no partial average in the rank's tensors
         # Closing the connections ends each handler's read: they finish on their own.
         for writer in list(self._conns):
             writer.close()

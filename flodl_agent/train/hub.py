@@ -14,6 +14,11 @@ reachability, so it works through ssh tunnels and across GPU vendors.
 A host that leaves mid-round counts in the stretch it delivered: every piece
 is the weighted average of the hosts whose parameters it holds.
 
+A restarted controller's hub hears from each host it re-adopts which round its ranks push
+next (``resume``); the highest it heard is the floor. A round below it is abandoned: it is
+answered at once with weight 0 (its ranks keep their parameters and go on to the next
+round), so that hosts the old controller left a round apart meet again at the floor.
+
 Pure: no sockets. The controller feeds it pieces and departures and sends what
 it returns.
 """
@@ -130,6 +135,7 @@ class Averaged:
 class Hub:
     def __init__(self, hosts: set[str]) -> None:
         self.training = set(hosts)  # hosts expected in every round
+        self.floor = 0  # rounds below it are abandoned (a restarted controller's resumes)
         self._rounds: dict[int, _Round] = {}
         self._size: int | None = None  # parameters per round, fixed by the first push
         self.rounds_done = 0
@@ -152,7 +158,10 @@ class Hub:
         ``params`` (0: the whole round in one piece); the pieces of the average it completes.
 
         ``bf16``: the parameters came as bfloat16 (half the bytes on the link); the sum is float32.
+        A round below the floor is never opened: its first piece is answered with weight 0.
         """
+        if round_no < self.floor:  # once per round, not per piece
+            return [self._abandoned(round_no, frozenset({host}), bf16)] if offset == 0 else []
         width = 2 if bf16 else 4
         if len(data) % width:
             kind = "bfloat16" if bf16 else "float32"
@@ -213,10 +222,24 @@ class Hub:
             total[first:stop] = values[first - offset :]
             state.covered = stop
 
+    def resume(self, round_no: int) -> list[Averaged]:
+        """A re-adopted host's ranks push ``round_no`` next: the floor rises to it, and the open
+        rounds below it are dropped, answered with weight 0 to the hosts that pushed them."""
+        if round_no <= self.floor:
+            return []
+        self.floor = round_no
+        dropped = [(r, self._rounds.pop(r)) for r in sorted(self._rounds) if r < round_no]
+        return [self._abandoned(r, frozenset(state.weights), state.bf16) for r, state in dropped]
+
+    def _abandoned(self, round_no: int, hosts: frozenset[str], bf16: bool = False) -> Averaged:
+        """The word for a round abandoned at a resume: nobody's parameters, the round is over."""
+        return Averaged(round_no, b"", hosts, 0.0, bf16, params=self._size or 0, last=True)
+
     @property
     def active(self) -> bool:
-        """Ranks average through the plane (a round finished or is open)."""
-        return bool(self.rounds_done or self._rounds)
+        """Ranks average through the plane (a round finished or is open, or the hosts a restarted
+        controller re-adopted had averaged: the floor)."""
+        return bool(self.rounds_done or self._rounds or self.floor)
 
     def _delivered(self, state: _Round, host: str) -> int:
         """How far ``host`` holds up the round (a host that brings nothing holds up nothing)."""

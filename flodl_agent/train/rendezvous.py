@@ -101,6 +101,9 @@ class StreamRelay:
     as ``MASTER_PORT``; each connection becomes a stream sent with ``send``. On
     the store host, :meth:`feed` opens a connection to the local store for each
     new stream id. Either way, :meth:`feed` delivers what the link brought in.
+
+    When the link breaks (:meth:`link_lost`), every stream ends; a restarted controller numbers
+    the store host's streams afresh, so an id may come back as a new stream after :meth:`link_back`.
     """
 
     def __init__(self, send: Send, store_port: int | None = None) -> None:
@@ -110,6 +113,7 @@ class StreamRelay:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self._next = 0
+        self._linked = True  # a link carries the streams (from ``link_lost`` to ``link_back``: none)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -123,23 +127,47 @@ class StreamRelay:
             self._idle.clear()
             await self._idle.wait()
 
-    def _forget(self, sid: int) -> asyncio.StreamWriter | _Pending | None:
-        writer = self._writers.pop(sid, None)
+    def _forget(self, sid: int, writer: asyncio.StreamWriter | _Pending) -> bool:
+        """``sid`` ends, if it is still ``writer``'s (a lost link ended it, and the next link
+        may have opened a stream of the same id)."""
+        if self._writers.get(sid) is not writer:
+            return False
+        del self._writers[sid]
         if not self._writers:
             self._idle.set()
-        return writer
+        return True
+
+    def link_lost(self) -> None:
+        """The link broke: every stream ends (its local connection closes; what the far end says
+        of it after the loss is ignored), and until ``link_back`` a rank's new connection is
+        closed at once (what it sent would be lost on the way, and the rest reach a store mid-stream)."""
+        self._linked = False
+        writers = list(self._writers.values())
+        self._writers.clear()
+        self._idle.set()
+        for writer in writers:
+            if isinstance(writer, _Pending):
+                writer.chunks.clear()  # a store connection still opening: nothing of the cut stream
+            writer.close()
+
+    def link_back(self) -> None:
+        """A new link carries the streams: new ones route as usual."""
+        self._linked = True
 
     async def listen(self) -> int:
         self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._linked:
+            writer.close()
+            return
         sid = self._next
         self._next += 1
         self._writers[sid] = writer
-        await self._pump(sid, reader)
+        await self._pump(sid, reader, writer)
 
-    async def _pump(self, sid: int, reader: asyncio.StreamReader) -> None:
+    async def _pump(self, sid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Local socket -> link, until the socket ends (then the far end is told)."""
         try:
             while data := await reader.read(CHUNK):
@@ -147,7 +175,7 @@ class StreamRelay:
         except (ConnectionError, OSError):
             pass
         finally:
-            if self._forget(sid) is not None:
+            if self._forget(sid, writer):
                 with contextlib.suppress(ConnectionError, OSError, RuntimeError):
                     self._send(sid, b"", True)
 
@@ -170,7 +198,7 @@ class StreamRelay:
         if data:
             writer.write(data)
         if end:
-            self._forget(sid)
+            self._forget(sid, writer)
             writer.close()
 
     async def _open_to_store(self, sid: int, pending: _Pending) -> None:
@@ -178,16 +206,16 @@ class StreamRelay:
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", self._store_port)
         except OSError:
-            if self._forget(sid) is not None:
+            if self._forget(sid, pending):
                 self._send(sid, b"", True)
             return
         for chunk in pending.chunks:
             writer.write(chunk)
-        if pending.ended:  # the far side finished while we connected: deliver, then close
+        if pending.ended:  # the far side finished (or the link broke) while we connected
             writer.close()
             return
         self._writers[sid] = writer
-        await self._pump(sid, reader)
+        await self._pump(sid, reader, writer)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -26,9 +26,9 @@ def _journal(home: Path, port: int) -> Path:
     return home / ".flodl" / "controller" / f"journal-{port}.json"
 
 
-def _launch(cwd: Path, env: dict[str, str], command: list[str]) -> subprocess.Popen[str]:
+def _launch(cwd: Path, env: dict[str, str], command: list[str], *flags: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        ["fdl", "launch", "--", *command], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+        ["fdl", "launch", *flags, "--", *command], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -72,7 +72,10 @@ def test_a_formed_world_is_journaled_and_a_finished_launch_closes_its_journal(tm
 
 def test_a_controller_killed_mid_run_is_told_by_its_journal(tmp_path: Path) -> None:
     port, home = free_port(), tmp_path / "home"
-    loopback_cluster(tmp_path, port, min_rank_start=1, join_timeout=1, max_join_timeout=30)
+    # No grace: the walk-in stops its rank when the link breaks (the resume: test_controller_restart).
+    loopback_cluster(
+        tmp_path, port, min_rank_start=1, join_timeout=1, max_join_timeout=30, controller_grace=0
+    )
     env = {**os.environ, "HOME": str(home), "NO_COLOR": "1", "GO": str(tmp_path / "go")}
     launch = _launch(tmp_path, env, [sys.executable, "-c", WAITS])
     wait_for(lambda: state(tmp_path, env).get("phase") == "waiting")
@@ -82,7 +85,7 @@ def test_a_controller_killed_mid_run_is_told_by_its_journal(tmp_path: Path) -> N
         wait_for(_journal(home, port).exists)
         launch.send_signal(signal.SIGKILL)  # no verdict kept, no journal closed
         launch.wait(timeout=10)
-        assert join.wait(timeout=60) == 1  # its link broke: it stopped its rank (no resume yet)
+        assert join.wait(timeout=60) == 1  # its link broke: it stopped its rank (no grace)
     finally:
         for proc in (join, launch):
             if proc.poll() is None:
@@ -98,13 +101,18 @@ def test_a_controller_killed_mid_run_is_told_by_its_journal(tmp_path: Path) -> N
     assert told["phase"] == "failed" and told["live"] is False and told["launch"] == launched
     assert [h["host"] for h in told["hosts"]] == ["solo"] and told["world_size"] == 1
 
-    # The next launch on the port says so once, and closes that journal: it is no longer told.
-    again = _launch(tmp_path, env, [sys.executable, "-c", "pass"])
+    # A launch of other settings neither resumes that world nor drops it: refused, with the way out.
+    other = fdl("launch", "--", sys.executable, "-c", "pass", cwd=tmp_path, env=env)
+    assert other.returncode != 0 and "ran other settings than this launch's" in other.stderr, other.stderr
+    assert "--fresh" in other.stderr
+    # With --fresh it says so once, and closes that journal: it is no longer told.
+    again = _launch(tmp_path, env, [sys.executable, "-c", "pass"], "--fresh")
     try:
         assert again.stderr is not None
         lines = []
         while "join window open" not in (line := again.stderr.readline()) and line:  # after its time stamp
             lines.append(line)
+        assert any(f"launch {launched}'s journal discarded (--fresh)" in ln for ln in lines), lines
         assert any(f"launch {launched} did not finish: its controller stopped" in ln for ln in lines), lines
         again.send_signal(signal.SIGINT)
         again.wait(timeout=30)

@@ -160,6 +160,33 @@ def test_a_controller_restarted_mid_run_and_the_fleet_walks_into_the_next(fleet:
     assert all(f"admitted {w}" in again.stdout for w in WORKERS)
 
 
+def _said(host: str, unit: str, since: str = "-5min") -> str:
+    return on(host, "journalctl", "-u", unit, "--since", since, "--no-pager", "-o", "cat").stdout
+
+
+def test_a_controller_killed_mid_run_is_restarted_by_systemd_and_its_world_trains_on(
+    fleet: dict[str, str],
+) -> None:
+    run = start_run(fleet)
+    units = on(CONTROLLER, "systemctl", "list-units", "--plain", "--no-legend", "flodl-run-*.service").stdout
+    unit = units.split()[0]
+    before = state().get("launch")
+    killed = on(CONTROLLER, "systemctl", "kill", "--signal=SIGKILL", "--kill-whom=main", unit)
+    assert killed.returncode == 0, killed.stderr
+    out = verdict(run)  # systemd starts the controller again (Restart=on-abnormal); it resumes
+    assert run.returncode == 0, out[-3000:] + journals("-5min")
+    controller = _said(CONTROLLER, unit)
+    assert f"launch {before} did not finish: resuming it" in controller, controller[-3000:]
+    assert "controller resumed: 2 of 2 hosts back" in controller, controller[-3000:]
+    finals = []
+    for worker in WORKERS:
+        said = _said(worker, "flodl-join.service")
+        assert "this host's ranks train on; re-dialling to resume" in said, said[-3000:]
+        assert "resumed: the controller re-adopted this host after" in said, said[-3000:]
+        finals += [line.split(": done, ")[1] for line in said.splitlines() if ": done, w=" in line][-1:]
+    assert len(finals) == 2 and finals[0] == finals[1], finals  # the ranks end with equal weights
+
+
 def test_a_rebooted_worker_remounts_its_data_and_redials_into_the_next_run(fleet: dict[str, str]) -> None:
     restarted = subprocess.run(["podman", "restart", WORKERS[0]], capture_output=True, text=True, timeout=180)
     assert restarted.returncode == 0, restarted.stderr

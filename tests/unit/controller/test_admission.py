@@ -33,7 +33,7 @@ CUDA = {"variant": "cu128", "nccl": "2.27.3"}
         ([hello("a", **CUDA)], hello("b", variant="rocm6.4"), "nccl", "GPU vendor mismatch", False),
         ([], hello("b", devices=["cpu:0"], variant="cpu"), "nccl", "CPU devices cannot join an NCCL", False),
         ([hello("a", **CUDA)], hello("b", variant="cu126", nccl="2.26.1"), "nccl", "NCCL version skew", True),
-        ([hello("a", run_id="aa")], hello("b", run_id="bb"), "cpu", "run identity mismatch", False),
+        ([hello("a", run_id="a" * 32)], hello("b", run_id="b" * 32), "cpu", "run identity mismatch", False),
         ([hello("a", model_sig="aa")], hello("b", model_sig="bb"), "cpu", "model mismatch", False),
         ([hello("a", dataset_sig="aa")], hello("b", dataset_sig="bb"), "cpu", "dataset mismatch", False),
     ],

@@ -242,29 +242,40 @@ GOLDEN: dict[str, tuple[RosterArgs | None, list[Hello], Hello, Plane, bool, Refu
     ),
     "run_mismatch": (
         None,
-        [hello("a", run_id="aa")],
-        hello("b", run_id="bb"),
+        [hello("a", run_id="a" * 32)],
+        hello("b", run_id="b" * 32),
         "cpu",
         False,
         Refusal(
-            "run_mismatch", "run identity mismatch: this box holds run bb, the cohort aa", RUN_FIX, False
+            "run_mismatch",
+            f"run identity mismatch: this box holds run {'b' * 32}, the cohort {'a' * 32}",
+            RUN_FIX,
+            False,
         ),
     ),
     "run_mismatch, this box holds none": (
         None,
-        [hello("a", run_id="aa")],
+        [hello("a", run_id="a" * 32)],
         hello("b"),
         "cpu",
         False,
-        Refusal("run_mismatch", "run identity mismatch: this box holds run (none), the cohort aa", RUN_FIX),
+        Refusal(
+            "run_mismatch",
+            f"run identity mismatch: this box holds run (none), the cohort {'a' * 32}",
+            RUN_FIX,
+        ),
     ),
     "run_mismatch, the cohort holds none": (
         None,
         [hello("a")],
-        hello("b", run_id="bb"),
+        hello("b", run_id="b" * 32),
         "cpu",
         False,
-        Refusal("run_mismatch", "run identity mismatch: this box holds run bb, the cohort (none)", RUN_FIX),
+        Refusal(
+            "run_mismatch",
+            f"run identity mismatch: this box holds run {'b' * 32}, the cohort (none)",
+            RUN_FIX,
+        ),
     ),
     "model_mismatch": (
         None,

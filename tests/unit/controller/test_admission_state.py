@@ -109,11 +109,11 @@ def test_the_first_member_holds_the_run() -> None:
     """The cohort's run is its first member's; an empty cohort holds none."""
     cohort = Cohort()
     assert cohort.first is None and cohort.run_id == ""
-    cohort.add(hello("a", run_id="a1"))
-    cohort.add(hello("b", run_id="a1"))
-    assert cohort.first is not None and cohort.first.host == "a" and cohort.run_id == "a1"
+    cohort.add(hello("a", run_id="a1" * 16))
+    cohort.add(hello("b", run_id="a1" * 16))
+    assert cohort.first is not None and cohort.first.host == "a" and cohort.run_id == "a1" * 16
     cohort.remove("a")
-    assert cohort.run_id == "a1" and cohort.first is not None and cohort.first.host == "b"
+    assert cohort.run_id == "a1" * 16 and cohort.first is not None and cohort.first.host == "b"
 
 
 # -- the dial guard --------------------------------------------------------

@@ -195,3 +195,31 @@ def test_pieces_are_what_the_link_carries_in_a_few_milliseconds_within_bounds() 
     size = 10 * CHUNK + 3
     pieces = plan(size, chunk_for(10 * gbit))
     assert pieces[0] == (0, 4 * CHUNK) and pieces[-1] == (8 * CHUNK, size) and len(pieces) == 3
+
+
+def test_a_round_below_the_resumed_floor_is_answered_with_weight_zero_and_never_opened() -> None:
+    hub = Hub({"a", "b"})
+    assert hub.resume(3) == [] and hub.floor == 3 and hub.active  # the re-adopted hosts had averaged
+    (abandoned,) = hub.push("b", 2, 1.0, f32(1, 2), params=4)  # b lagged a round behind the floor
+    assert (abandoned.round, abandoned.hosts, abandoned.weight, abandoned.data) == (2, {"b"}, 0.0, b"")
+    assert abandoned.last and hub.missing(2) == set()  # never opened: nothing waits on it
+    assert hub.push("b", 2, 1.0, f32(3, 4), offset=2, params=4) == []  # the round's later pieces
+    assert hub.resume(2) == [] and hub.floor == 3  # the floor is the highest round said
+    hub.push("a", 3, 1.0, f32(1, 1, 1, 1))  # at the floor: averaged as ever
+    (done,) = hub.push("b", 3, 1.0, f32(3, 3, 3, 3))
+    assert floats(done) == [2.0] * 4 and done.weight == 2.0 and hub.rounds_done == 1
+
+
+def test_a_rising_floor_ends_the_open_rounds_below_it_for_the_hosts_that_pushed_them() -> None:
+    hub = Hub({"a", "b", "c"})
+    hub.push("b", 4, 1.0, f32(1, 2), params=4)  # b and c resumed at 4 and pushed it, half of it for b
+    hub.push("c", 4, 2.0, f32(2, 4, 6, 8), params=4)
+    hub.push("c", 5, 1.0, f32(1, 1, 1, 1))  # and one round on (a round at the floor stays open)
+    (abandoned,) = hub.resume(5)  # a had round 4 answered before the controller died
+    assert (abandoned.round, abandoned.hosts, abandoned.weight, abandoned.last) == (4, {"b", "c"}, 0.0, True)
+    assert abandoned.data == b"" and abandoned.params == 4 and hub.missing(4) == set()
+    assert hub.push("b", 4, 1.0, f32(3, 4), offset=2, params=4) == []  # b's rest of round 4
+    assert hub.missing(5) == {"a", "b"}
+    hub.push("a", 5, 1.0, f32(2, 2, 2, 2))
+    (done,) = hub.push("b", 5, 1.0, f32(3, 3, 3, 3))
+    assert floats(done) == [2.0] * 4 and done.hosts == {"a", "b", "c"}
