@@ -5,8 +5,9 @@ controller) train; the controller dies as under kill -9 (every link's transport 
 then its port closed) and a new one is started at once from the journal the first one
 would have left. Measured, for each size:
 
-- ``back_s``: from the new controller's start to every host re-adopted (the timeline's
-  "controller resumed" line) — the goal is under 2 s on loopback;
+- ``back_s``: from the new controller's start, ``--delay`` seconds after the kill (run.yml's
+  RestartSec, default 1), to every host re-adopted (the timeline's "controller resumed"
+  line): the agents' re-dial, every 0.25 s doubling to 1 s, finds it; the goal is under 2 s;
 - ``formation_s``, the baseline from the same run: the first controller's start to its
   world formed with the same hosts (``ratio`` = back_s / formation_s);
 - ``abandoned``: the most averaging rounds a rank saw abandoned (at most the one in flight
@@ -85,7 +86,7 @@ def rounds(out: Path, hosts: int) -> int:
     return min(got)
 
 
-async def one(hosts: int, work: Path) -> dict[str, Any]:
+async def one(hosts: int, work: Path, delay: float) -> dict[str, Any]:
     out, go = work / f"out-{hosts}", work / f"go-{hosts}"
     out.mkdir()
     window = WindowConfig(quorum=hosts, target=hosts, join_timeout=60.0, max_join_timeout=120.0, start="auto")
@@ -109,6 +110,7 @@ async def one(hosts: int, work: Path) -> dict[str, Any]:
     for link in list(first.links.values()):
         link.writer.transport.abort()  # kill -9: no Abort, no goodbye
     await first.close()
+    await asyncio.sleep(delay)  # the scenario: systemd's RestartSec before the new controller
     again = Controller(settings, resume=journal)
     started = time.monotonic()
     await again.start()
@@ -124,6 +126,7 @@ async def one(hosts: int, work: Path) -> dict[str, Any]:
     ranks = [json.loads((out / f"{r}.json").read_text()) for r in range(hosts)]
     return {
         "hosts": hosts,
+        "restart_after_s": delay,
         "back_s": round(back, 3),
         "formation_s": round(formation, 3),
         "ratio": round(back / formation, 3) if formation > 0 else None,
@@ -138,12 +141,15 @@ async def one(hosts: int, work: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.controller_restart")
     parser.add_argument("--quick", action="store_true", help="2 and 4 hosts")
+    parser.add_argument(
+        "--delay", type=float, default=1.0, help="seconds between the kill and the new start (RestartSec)"
+    )
     args = parser.parse_args()
     sizes = [2, 4] if args.quick else [2, 4, 8]
     results = []
     with tempfile.TemporaryDirectory() as work:
         for hosts in sizes:
-            result = asyncio.run(one(hosts, Path(work)))
+            result = asyncio.run(one(hosts, Path(work), args.delay))
             print(json.dumps(result), flush=True)
             results.append(result)
     print(json.dumps({"bench": "controller_restart", "results": results}))

@@ -11,6 +11,10 @@ from flodl_agent.protocol.messages import Hello, ResumeClaim
 from tests.unit.controller.test_journal import world
 
 NONCE = b"\x01" * 16
+FIXES = {
+    "window_closed": "wait for the next run; --persist re-dials",
+    "resume_refused": "its ranks stop; --persist re-dials into the next launch",
+}
 
 
 def back_in(host: str, first: int, count: int, launch: str = "0a1b2c3d") -> Hello:
@@ -43,7 +47,8 @@ def test_the_journals_running_hosts_are_expected_in_rank_order() -> None:
         (
             Hello(nonce=NONCE, client_nonce=NONCE, host="a", devices=["cpu:0"]),
             "window_closed",
-            "admits only the hosts it journaled",
+            "this controller resumed launch 0a1b2c3d: its world is training and admits only the hosts "
+            "it journaled",
         ),
     ],
 )
@@ -54,6 +59,7 @@ def test_who_may_walk_back_in(hello: Hello, code: str | None, words: str) -> Non
     else:
         assert refusal is not None and refusal.code == code and words in refusal.reason
         assert not refusal.permanent  # --persist stays up for the next launch
+        assert refusal.fix == FIXES[code]
 
 
 def test_a_host_with_a_live_link_cannot_resume_twice_but_one_whose_link_broke_can() -> None:
