@@ -51,11 +51,13 @@ class Journaler:
 
     @classmethod
     def take(
-        cls, port: int, log: Callable[[str], None], directory: Path | None = None
+        cls, port: int, log: Callable[[str], None], directory: Path | None = None, *, strict: bool = False
     ) -> tuple[Journaler, Journal | None]:
         """The journal of ``port``, held for this controller's life, and the journal left on it
         (None: none, or one that cannot be read, said). Raises JournalError while another
-        controller holds it: two controllers resuming one world would split it."""
+        controller holds it: two controllers resuming one world would split it; and, when
+        ``strict``, for a journal it cannot trust (another owner, readable by others, not a
+        journal): a world that may still train is not dropped without ``--fresh``."""
         path = journal_path(port) if directory is None else journal_path(port, directory)
         keeper = cls(None, path, log)
         try:
@@ -66,6 +68,9 @@ class Journaler:
         try:
             return keeper, journals.read_journal(path)
         except JournalError as exc:
+            if strict:
+                os.close(keeper._lock)
+                raise
             log(f"journal: {exc}; it is replaced when this launch's world forms")
             return keeper, None
 

@@ -366,9 +366,9 @@ def _journal(
     if settings.port == 0:
         return None, None
     try:
-        keeper, left = Journaler.take(settings.port, log)
+        keeper, left = Journaler.take(settings.port, log, strict=not options.fresh)
         decision = on_start(left, settings_digest(settings), fresh=options.fresh, path=keeper.path)
-    except JournalError as exc:  # another controller holds it, or it ran other settings
+    except JournalError as exc:  # another controller holds it, it cannot be trusted, or other settings
         raise LaunchError(str(exc), exc.fix) from None
     if isinstance(decision, Resume):
         log(f"launch {decision.journal.launch} did not finish: resuming it (journal {keeper.path})")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from flodl_agent.controller import journal as jn
+from flodl_agent.controller.journal import JournalError
 from flodl_agent.controller.journaling import STOPPED, Journaler, lost_verdict, restored, unfinished_words
 from flodl_agent.controller.settings import Settings
 from flodl_agent.controller.supervision import Evict, Limits, Supervisor
@@ -67,6 +68,19 @@ def test_a_home_the_journal_cannot_be_written_in_is_said_once_and_nothing_else_f
     assert len(said) == 1
     assert said[0].startswith(f"journal: cannot write {blocked}/controller/journal-1337.json")
     assert said[0].endswith("a restarted controller could not tell this launch's world; the run goes on")
+
+
+def test_a_journal_it_cannot_trust_stops_a_launch_unless_fresh_and_lets_the_lock_go(tmp_path: Path) -> None:
+    home = tmp_path / "controller"
+    home.mkdir()
+    (home / "journal-1337.json").write_text("not json")
+    (home / "journal-1337.json").chmod(0o600)
+    with pytest.raises(JournalError, match="not a journal this fdl reads"):
+        Journaler.take(1337, print, home, strict=True)
+    said: list[str] = []
+    keeper, left = Journaler.take(1337, said.append, home)  # --fresh: said, and replaced later
+    assert left is None and said[0].endswith("it is replaced when this launch's world forms")
+    keeper.close()  # its lock was free again: the strict take let it go
 
 
 # --- what a restarted controller rebuilds from the journal ----------------------------
