@@ -113,7 +113,13 @@ def _said(proc: subprocess.Popen[str], words: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("plane", "stop"),
-    [("gloo", "kill"), ("cpu", "kill"), ("cpu", "handoff")],  # handoff: a unit's restart (SIGTERM)
+    [
+        # Alone, after the parallel pass: in it, two gloo worlds at once have hung (here) and
+        # aborted (test_store_after_formation) on the 2-core CI box; alone they pass.
+        pytest.param("gloo", "kill", marks=pytest.mark.serial),
+        ("cpu", "kill"),
+        ("cpu", "handoff"),  # a unit's restart (SIGTERM)
+    ],
 )
 def test_a_stopped_controller_restarted_re_adopts_its_world(tmp_path: Path, plane: str, stop: str) -> None:
     port, home, out = free_port(), tmp_path / "home", tmp_path / "out"
