@@ -426,6 +426,8 @@ class Controller(Hellos):
 
     def _exited(self, host: str, exited: RankExited) -> None:
         supervisor = self.supervisor
+        if supervisor is not None and exited.rank in supervisor.exits.get(host, {}):
+            return  # a host walking back in says again what it said before the gap
         if supervisor is None or not supervisor.exited(host, exited.rank, exited.code):
             self.dropped["rank"] += 1  # not one of this host's ranks: ignore, never count
             return
