@@ -22,7 +22,8 @@ from typing import Any
 
 from ..net import keepalive
 from ..protocol import wire
-from ..protocol.join_protocol import Event, JoinClient
+from ..protocol.join_protocol import Event, JoinClient, JoinError
+from ..protocol.messages import BadMessage
 from ..protocol.streams import LinkEnded, dial, take_over
 from ..retry import AgentFailure
 from ..train.averaging import AverageRelay
@@ -82,7 +83,10 @@ class Grace:
                 await asyncio.wait_for(self._resume(), left)
             except HelloRefused as exc:
                 return f"the controller did not re-adopt this host: {exc.message}"
-            except (AgentFailure, OSError, TimeoutError, asyncio.IncompleteReadError, wire.Dropped):
+            except (
+                AgentFailure, JoinError, BadMessage, OSError, TimeoutError, asyncio.IncompleteReadError,
+                wire.Dropped,
+            ):  # fmt: skip
                 wait = min(LONGEST_WAIT, FIRST_WAIT * 2**tries) * (1.0 - 0.2 * self.jitter())
                 tries += 1
                 await asyncio.sleep(min(wait, max(0.0, deadline - self.clock())))  # the backoff itself

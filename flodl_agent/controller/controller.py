@@ -123,7 +123,7 @@ class Controller(Hellos):
         self.run_id = journal.run_id
         self.supervisor = supervisor = restored(journal, self.settings.limits, now)
         # Silence is judged from the grace's end: until then a missing host is only missing.
-        supervisor.seen = dict.fromkeys(supervisor.world, readoption.deadline)
+        supervisor.seen = dict.fromkeys(readoption.expected, readoption.deadline)
         expected = set(readoption.expected)
         for span in journal.world:
             if span.host not in expected:
@@ -389,22 +389,20 @@ class Controller(Hellos):
 
     def _grace_over(self) -> None:
         """The grace ran out: the hosts not back are lost, as a host whose link closed is."""
-        readoption = self.readoption
-        if readoption is None or readoption.said:
+        if (readoption := self.readoption) is None or readoption.said:
             return
         missing = readoption.missing()
         self._readoption_over()
-        for host in missing:
-            if self.window.phase != "training":
-                break
+        for host in (h for h in missing if self.window.phase == "training"):
             self.note("lost", f"host {host} did not come back within {readoption.grace:g}s")
+            if self.traffic is not None:
+                self.traffic.left(host)  # its rounds no longer wait for it, as a closed link's
             self._closed(host)
 
     def _readoption_over(self) -> None:
         assert self.readoption is not None
         if self._grace is not None:
             self._grace.cancel()
-            self._grace = None
         self.note("resumed", self.readoption.words(self.clock()))
 
     def _on_message(self, link: Link, event: Message) -> None:
@@ -469,6 +467,8 @@ class Controller(Hellos):
         phase = self.window.phase
         if phase in ("done", "failed") or self.handed_off:
             return
+        if self.readoption is not None:
+            self.readoption.lost.add(host)  # handled as lost: it may not resume after this
         supervisor = self.supervisor
         if supervisor is not None and supervisor.shutdown:
             self.note("leave", f"host {host} closed its link")

@@ -155,6 +155,8 @@ class Hellos:
 
     def _admit(self, hello: Hello) -> Refusal | None:
         if self.readoption is not None:
+            if self.window.phase != "training":
+                return admission.window_closed(self.window.phase)  # the resumed run has ended
             return self.readoption.judge(hello, set(self.links))
         if hello.resume is not None or self.window.can_admit():
             # A resume hello learns that no launch was resumed, whatever the window's phase.

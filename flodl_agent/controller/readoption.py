@@ -22,6 +22,7 @@ class Readoption:
     grace: float  # seconds a journaled host has to come back
     back: set[str] = field(default_factory=set)
     said: bool = False  # the timeline's "controller resumed" entry is out
+    lost: set[str] = field(default_factory=set)  # handled as lost since the resume: no way back
 
     @property
     def expected(self) -> list[str]:
@@ -52,6 +53,8 @@ class Readoption:
             )
         ranks = range(claim.first, claim.first + claim.count)
         why = judge_resume(self.journal, live, hello.host, claim.launch, ranks)
+        if why is None and hello.host in self.lost:
+            why = f"host {hello.host} was lost from launch {self.journal.launch} after the resume"
         if why is None and hello.host not in self.expected:
             why = f"host {hello.host}'s ranks had all exited in launch {self.journal.launch}"
         if why is None:

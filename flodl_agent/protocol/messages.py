@@ -91,7 +91,7 @@ class ResumeClaim(Msg):
     launch: str = Field(pattern=r"^[0-9a-f]{8}$")
     first: int = Field(ge=0)
     count: int = Field(ge=1, le=MAX_DEVICES)
-    round: int = Field(0, ge=0)  # the CPU plane's round its ranks push next (0: none yet)
+    round: int = Field(0, ge=0, lt=2**62)  # the CPU plane's round its ranks push next (0: none yet)
 
 
 class Hello(Msg):

@@ -62,12 +62,15 @@ def test_who_may_walk_back_in(hello: Hello, code: str | None, words: str) -> Non
         assert refusal.fix == FIXES[code]
 
 
-def test_a_host_with_a_live_link_cannot_resume_twice_but_one_whose_link_broke_can() -> None:
+def test_a_host_with_a_live_link_cannot_resume_twice_nor_one_handled_as_lost_since() -> None:
     taking = readoption()
     taking.admitted("a")
     twice = taking.judge(back_in("a", 0, 2), live={"a"})
     assert twice is not None and "a second resume" in twice.reason
-    assert taking.judge(back_in("a", 0, 2), live=set()) is None
+    assert taking.judge(back_in("a", 0, 2), live=set()) is None  # its link is gone, not yet judged
+    taking.lost.add("a")  # the controller handled it as lost (its link closed, or the grace ran out)
+    lost = taking.judge(back_in("a", 0, 2), live=set())
+    assert lost is not None and lost.reason == "host a was lost from launch 0a1b2c3d after the resume"
 
 
 def test_a_host_whose_ranks_all_exited_has_nothing_to_resume() -> None:
