@@ -60,6 +60,7 @@ class Uplink:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: JoinClient, link: LinkStream
     ) -> None:
         """A new connection is admitted under the same ranks: the ranks' exits go first."""
+        self.writer.close()  # the broken one: its socket goes now, not with the attempt
         self.reader, self.writer, self.client, self.link = reader, writer, client, link
         self.up.set()
         for body in self._exits:

@@ -179,9 +179,10 @@ class Controller(Hellos):
         """Step away from a training world without ending it (the launcher's --handoff): every
         link is cut, no Abort, so the hosts train on for their grace and the next controller
         resumes the journaled launch. False when there is no such world to hand over."""
-        if self.window.phase != "training" or self.settings.controller_grace <= 0 or self.handed_off:
+        # Port 0 has no journal to resume from: nobody could take the world over.
+        if self.window.phase != "training" or self.settings.controller_grace <= 0 or not self.settings.port:
             return False
-        self.handed_off = True
+        self.handed_off = True  # OperatorStop asks once: its handlers are gone after a signal
         self.exit_code = 0  # this controller's part ended as it should
         for link in list(self.links.values()):
             link.writer.transport.abort()  # as a kill would: the agents' grace begins

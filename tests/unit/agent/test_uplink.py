@@ -30,6 +30,7 @@ class _Writer:
     def __init__(self) -> None:
         self.written: list[bytes] = []
         self.transport = _Transport()
+        self.closed = False
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -38,7 +39,10 @@ class _Writer:
         self.written.extend(data)
 
     def is_closing(self) -> bool:
-        return False
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _uplink(client: _Client) -> Uplink:
@@ -54,7 +58,7 @@ def test_a_send_on_a_connection_closed_under_it_does_not_raise_and_its_exit_is_k
         uplink.lost()
         uplink.send(wire.Kind.RANK_EXITED, {"rank": 4, "code": 1})  # during the gap
         uplink.send(wire.Kind.HEARTBEAT, {"ranks": {}})  # dropped: it describes a moment
-        new = _Client()
+        new, broken = _Client(), uplink.writer
         uplink.rebind(cast(Any, None), cast(Any, _Writer()), cast(Any, new), cast(Any, object()))
         assert new.sent == [
             (wire.Kind.RANK_EXITED, {"rank": 3, "code": 0}),
@@ -62,6 +66,7 @@ def test_a_send_on_a_connection_closed_under_it_does_not_raise_and_its_exit_is_k
         ]
         uplink.send(wire.Kind.HEARTBEAT, {"ranks": {}})
         assert new.sent[-1][0] is wire.Kind.HEARTBEAT
+        assert broken.is_closing()  # the broken connection's socket is let go at the rebind
 
     asyncio.run(body())
 
