@@ -9,6 +9,7 @@ back or the grace ran out. The controller moves the bytes and arms the grace's o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..protocol.messages import Hello
 from .admission import Refusal
@@ -24,16 +25,21 @@ class Readoption:
     said: bool = False  # the timeline's "controller resumed" entry is out
     lost: set[str] = field(default_factory=set)  # handled as lost since the resume: no way back
 
-    @property
+    @cached_property
     def expected(self) -> list[str]:
         """The hosts whose ranks still ran when the journal was last written, in rank order:
-        those whose every rank exited (they hung up) and evicted ones do not come back."""
+        those whose every rank exited (they hung up) and evicted ones do not come back.
+        Worked out once: the journal does not change, and every resume hello reads it."""
         exits, evicted = self.journal.exits, set(self.journal.evicted)
         return [
             s.host
             for s in self.journal.world
             if s.host not in evicted and any(r not in exits for r in s.ranks)
         ]
+
+    @cached_property
+    def _expected(self) -> frozenset[str]:
+        return frozenset(self.expected)
 
     @property
     def deadline(self) -> float:
@@ -55,7 +61,7 @@ class Readoption:
         why = judge_resume(self.journal, live, hello.host, claim.launch, ranks)
         if why is None and hello.host in self.lost:
             why = f"host {hello.host} was lost from launch {self.journal.launch} after the resume"
-        if why is None and hello.host not in self.expected:
+        if why is None and hello.host not in self._expected:
             why = f"host {hello.host}'s ranks had all exited in launch {self.journal.launch}"
         if why is None:
             return None
@@ -68,7 +74,7 @@ class Readoption:
         return [h for h in self.expected if h not in self.back]
 
     def complete(self) -> bool:
-        return not self.missing()
+        return len(self.back) >= len(self.expected)  # back holds expected hosts only (judge)
 
     def words(self, now: float) -> str:
         """The timeline's entry, once: every host is back, or the grace ran out."""
