@@ -44,6 +44,7 @@ from typing import Any
 from bench import gpu_ranks, gpu_report
 from bench.gpu_report import NO_CUDA, CheckFailed, Result
 from bench.walkins import WorldFailed, fdl_command, stop, tail
+from tests.support import syntax  # the gpu tests this check runs live there too
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = ROOT / "collections/ansible_collections/flodl/cluster/plugins/modules/gpu_facts.py"
@@ -82,7 +83,7 @@ def gpu_test_files(root: Path = ROOT) -> list[str]:
     a string, as test_ci_skips writes one, is none)."""
 
     def marked(path: Path) -> bool:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(syntax.parse(path)):
             if isinstance(node, ast.Attribute) and node.attr == "gpu":
                 mark = node.value
                 if isinstance(mark, ast.Attribute) and mark.attr == "mark":

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import syntax
+
 PACKAGE = Path(__file__).resolve().parents[2] / "flodl_agent"
 ROOT = PACKAGE.parent
 MAX_LINES = 500
@@ -137,7 +139,7 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
-        for node in every_import(ast.parse(path.read_text(), str(path))):
+        for node in every_import(syntax.parse(path)):
             if isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names}
                 continue

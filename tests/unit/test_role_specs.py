@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import syntax
+
 ROOT = Path(__file__).parents[2]
 ROLES = ROOT / "roles"
 PLUGINS = ROOT / "collections" / "ansible_collections" / "flodl" / "cluster" / "plugins"
@@ -124,7 +126,7 @@ def test_literal_defaults_pass_the_spec(role: str) -> None:
 def carried_only() -> set[str]:
     """The inventory plugin's CARRIED_ONLY: host variables it sets that no role reads yet
     (read from its source: the plugin imports ansible, which this test does not need)."""
-    tree = ast.parse((PLUGINS / "inventory" / "fdl_cluster.py").read_text())
+    tree = syntax.parse(PLUGINS / "inventory" / "fdl_cluster.py")
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "CARRIED_ONLY" for t in node.targets
