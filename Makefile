@@ -126,9 +126,9 @@ fuzz: setup
 	mkdir -p build/fuzz/corpus build/fuzz/crashes
 	$(PY) -m tests.fuzz.frames -max_total_time=300 -artifact_prefix=build/fuzz/crashes/ build/fuzz/corpus
 
-# Mutation testing of the controller's pure cores (window, admission, supervision) against
-# tests/unit/controller ([tool.mutmut] in pyproject.toml); each must score at least 95 %
-# (under a minute: make test runs it, so the score cannot slip).
+# Mutation testing of the controller's pure cores (window, admission, supervision, readoption,
+# elastic) against tests/unit/controller ([tool.mutmut] in pyproject.toml); each must score
+# at least 95 % (about a minute: make test runs it, so the score cannot slip).
 mutate: setup
 	rm -rf mutants
 	$(VENV)/bin/mutmut run --max-children 2

@@ -14,6 +14,7 @@ from ..observe.exit_reason import ENV as REASON_ENV
 from ..observe.metrics import ENV as METRICS_ENV
 from ..protocol.messages import WorldFormed
 from ..train.device_memory import SHARE_ENV
+from ..train.segments import MAX_WORLD_ENV, MIDRUN_ENV
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ def rank_envs(
     """
     mine, group = world.host, world.group
     share = box.gpu_ram_share if box.gpu_ram_share is not None else mine.gpu_ram_share
+    # An elastic world: the ceiling sizes every rank's timing slots; a walk-in's ranks sync first.
+    elastic = {MAX_WORLD_ENV: str(world.max_world_size)} if world.max_world_size > 0 else {}
+    if world.midrun:
+        elastic[MIDRUN_ENV] = "1"
     envs = []
     for local, device in enumerate(devices):
         # The rank is the user's code: it gets no credential and none of our plumbing.
@@ -86,6 +91,7 @@ def rank_envs(
             FLODL_DEVICE=device,
             FLODL_LAUNCH=world.launch,  # this launch's label (not the published run's identity)
         )
+        env.update(elastic)
         if share is not None:  # the Trainer's gpu_ram_share when code leaves it unset
             env[SHARE_ENV] = str(share)
         for key, value in box.ifnames.items():

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from ..address import AddressError, check_host
 from ..config import Loaded
+from ..config.join_window import MAX_CEILING
 from ..controller.controller import Controller
 from ..controller.supervision import parse_max_failure
 from ..fleet.launcher import LaunchError, LaunchOptions
@@ -111,6 +112,14 @@ def _max_failure(value: str) -> str:
     "the ranks). Started again on the port, the launch resumes its journaled world.",
 )
 @click.option(
+    "--elastic",
+    metavar="N",
+    type=click.IntRange(1, MAX_CEILING),
+    help="Turn on elastic growth with a ceiling of N ranks: after the window forms the world, "
+    "walk-ins keep joining it until it holds N (overrides cluster.controller.join.elastic.max_ranks; "
+    "the planes that grow are the file's, default cpu).",
+)
+@click.option(
     "--fresh",
     is_flag=True,
     help="Discard the port's journal of an unfinished launch and open a new window instead of resuming it.",
@@ -145,6 +154,7 @@ def launch(
     max_failure: str,
     stall_ceiling: float,
     controller_grace: int | None,
+    elastic: int | None,
     fresh: bool,
     handoff: bool,
     parallelism: dict[str, int] | None,
@@ -174,6 +184,7 @@ def launch(
         max_failure=max_failure,
         stall_ceiling=stall_ceiling,
         controller_grace=controller_grace,
+        elastic=elastic,
         fresh=fresh,
         handoff=handoff,
         parallelism=parallelism,

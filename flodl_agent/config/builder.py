@@ -7,6 +7,7 @@ so a mistake gets the same message either way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from .models import Cluster, FdlConfig
@@ -31,6 +32,12 @@ class ClusterBuilder:
     def join(self, **knobs: Any) -> ClusterBuilder:
         """``cluster.controller.join``: min_rank_start, join_timeout, target_ranks, …"""
         self._join.update(knobs)
+        return self
+
+    def elastic(self, max_ranks: int, planes: Iterable[str] = ("cpu",)) -> ClusterBuilder:
+        """``cluster.controller.join.elastic``: walk-ins join the training world up to
+        ``max_ranks``, on these launch planes."""
+        self._join["elastic"] = {"max_ranks": max_ranks, "planes": list(planes)}
         return self
 
     def worker(self, host: str, **fields: Any) -> ClusterBuilder:

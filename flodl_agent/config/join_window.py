@@ -2,15 +2,52 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from ..address import is_loopback
 from .fields import DEFAULT_JOIN_TIMEOUT, DEFAULT_MAX_JOIN_TIMEOUT, Model, Ranks, Seconds, Token, check
-from .problems import Rule
+from .problems import Rule, fail
 
 DEFAULT_CONTROLLER_GRACE = 120
+MAX_CEILING = 1_000_000  # ranks: 8 MB of timing slots a round at the most
+
+
+def _planes(planes: list[str]) -> list[str]:
+    # Refused here rather than by min_length: the error then says what to write.
+    if not planes:
+        raise fail(((), "is empty: no plane would grow", "list the planes that grow, e.g. [cpu]"))
+    doubled = sorted({p for p in planes if planes.count(p) > 1})
+    if doubled:
+        raise fail(((), f"names {', '.join(doubled)} twice", "list each plane once"))
+    return planes
+
+
+Planes = Annotated[list[Literal["cpu", "nccl"]], AfterValidator(_planes)]
+
+
+class ElasticWindow(Model):
+    """cluster.controller.join.elastic: walk-ins keep joining the formed world, up to a ceiling."""
+
+    # Every rank's timing slots are sized by the ceiling (two floats a rank, every round).
+    max_ranks: Ranks = Field(le=MAX_CEILING, description="the ceiling of ranks the world may grow to")
+    planes: Planes = Field(
+        ["cpu"],
+        json_schema_extra={"minItems": 1, "uniqueItems": True},
+        description="the launch planes whose world grows: a CPU-plane world that averages through "
+        "the controller grows live",
+    )
+
+
+def ceiling_floor(join: JoinWindow, max_ranks: int) -> tuple[str, int] | None:
+    """The knob an elastic ceiling of ``max_ranks`` falls below (``target_ranks``, else
+    ``min_rank_start``) and its value; ``None`` when the ceiling holds the world the window forms."""
+    for name in ("target_ranks", "min_rank_start"):
+        floor: int | None = getattr(join, name)
+        if floor is not None and max_ranks < floor:
+            return name, floor
+    return None
 
 
 class JoinWindow(Model):
@@ -45,6 +82,11 @@ class JoinWindow(Model):
         le=86400,
         description="seconds a formed world trains on without its controller, agents re-dialling "
         "to resume (a restarted controller waits as long for them); 0: a lost controller stops the ranks",
+    )
+    elastic: ElasticWindow | None = Field(
+        None,
+        description="after the window forms the world, keep admitting walk-ins up to a ceiling "
+        "of ranks (default: the world is frozen)",
     )
 
     @model_validator(mode="after")
@@ -105,8 +147,25 @@ class JoinWindow(Model):
                     "set discovery: true, or drop tunnel_only",
                 )
             )
+        rules.extend(self._elastic_rules())
         check(rules)
         return self
+
+    def _elastic_rules(self) -> list[Rule]:
+        if self.elastic is None:
+            return []
+        below = ceiling_floor(self, self.elastic.max_ranks)
+        if below is None:
+            return []
+        name, floor = below
+        return [
+            (
+                ("elastic", "max_ranks"),
+                f"({self.elastic.max_ranks}) is below {name} ({floor}): the ceiling would be below "
+                "the world the window forms",
+                f"set elastic.max_ranks to at least {floor}, or lower {name}",
+            )
+        ]
 
 
 def locks_walk_ins_out(join: JoinWindow, bind: str) -> bool:

@@ -23,11 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..address import is_loopback
-from ..config.ranks import rank_span, world_ranges
+from ..config.ranks import rank_span
 from ..names import safe_lines
 from ..observe.metrics import RankBoard
-from ..placement.fleet import PlacementError
-from ..placement.parallel import check_world
 from ..protocol import wire
 from ..protocol.join_protocol import Closed, Event, Message
 from ..protocol.messages import Average, BadMessage, Heartbeat, RankExited, Stream
@@ -36,6 +34,7 @@ from ..train.hub import Hub
 from ..train.rendezvous import StreamRouter
 from . import admission
 from .admission import Cohort, Roster
+from .forming import Forming
 from .hellos import Hellos
 from .host_link import Link
 from .journal import Journal
@@ -54,7 +53,7 @@ from .window import Fail, Form, Keep, Window
 FREEZE_EVERY = 256
 
 
-class Controller(Hellos):
+class Controller(Hellos, Forming):
     def __init__(
         self,
         settings: Settings,
@@ -211,65 +210,6 @@ class Controller(Hellos):
         if deadline is None:
             return None
         return asyncio.get_running_loop().call_later(max(0.0, deadline - self.clock()), fire)
-
-    def _form(self, decision: Form) -> None:
-        # One pass, no more: this is the formation's critical path, once per host of a fleet.
-        world = world_ranges(((m.host, m.ranks) for m in decision.members), self.settings.roster)
-        if self.settings.parallelism:
-            try:
-                check_world(self.settings.parallelism, [len(ranks) for ranks in world.values()])
-            except PlacementError as exc:
-                reason = f"the formed world cannot satisfy the parallelism request: {exc.message}"
-                self._apply(self.window.fail(reason, self.clock()))
-                return
-        size = next(reversed(world.values())).stop if world else 0
-        common = wire.SharedMap.of(  # packed once: each host's frame adds its own share
-            {
-                "world_size": size,
-                "hosts": len(world),
-                "command": self.settings.command,
-                "env": self.settings.env,
-                "launch": self.settings.launch,
-                "controller_grace": self.settings.controller_grace,
-            }
-        )
-        # Training starts at the freeze: a host that gets its share early may
-        # finish (or die) before the last one is sent, and training judges that.
-        self.window.formed(self.clock())
-        linked = {host: ranks for host, ranks in world.items() if host in self.links}
-        for host, ranks in linked.items():
-            self.links[host].ranks = ranks
-        self.formed = [(self.links[host], ranks.start) for host, ranks in linked.items()]
-        self.run_id = self.cohort.run_id
-        nccl = self.settings.plane == "nccl"  # its collectives are a process group: it rendezvouses
-        self.supervisor = Supervisor(linked, self.settings.limits, self.clock(), rendezvous=nccl)
-        if world:
-            self.traffic = Traffic(list(world), self.links, self.supervisor, self.dropped)
-        self.view.invalidate()  # the final ranks replace the provisional ones
-        self._rearm()
-        self.listener.spawn(self._ship(world, common))
-
-    async def _ship(self, world: dict[str, range], common: wire.SharedMap) -> None:
-        """Send every host its share of the world, yielding to other work between batches."""
-        batch = self.timeouts.ship_batch
-        try:
-            for group, (host, ranks) in enumerate(world.items()):
-                if self.window.phase == "failed":
-                    return  # a host died meanwhile: Abort went out instead
-                link = self.links.get(host)
-                if link is None:
-                    continue  # its link closed after the freeze; training already judged it
-                share = {"host": host, "first_rank": ranks.start, "count": len(ranks)}
-                if facts := self.settings.facts(host):
-                    share.update(facts)
-                link.send_shared(wire.Kind.WORLD_FORMED, common, {"host": share, "group": group})
-                if group % batch == batch - 1:
-                    await asyncio.sleep(0)  # let status requests through during a fleet-sized fan-out
-        except Exception as exc:  # a formation that cannot ship must fail loudly, not hang
-            self._apply(self.window.fail(f"the world could not be formed: {exc}", self.clock()))
-            return
-        size = next(reversed(world.values())).stop if world else 0
-        self.note("formed", f"world formed: {size} ranks on {len(world)} hosts; training")
 
     def _fail(self, reason: str) -> None:
         self.note("verdict", f"run failed: {reason}")

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config.ranks import rank_span
 from ..names import shown
@@ -55,6 +56,11 @@ class Hellos:
     def _apply(self, decision: Keep | Form | Fail) -> None: ...
     async def _link(self, reader: asyncio.StreamReader, link: Link) -> None: ...
     def _readopted(self, link: Link) -> None: ...
+
+    if TYPE_CHECKING:  # the formation half's (Forming): a stub here would shadow it in the MRO
+
+        def _growth_refusal(self, hello: Hello) -> Refusal | None: ...
+        def _grown(self, link: Link, writer: asyncio.StreamWriter, conn: JoinServer) -> None: ...
 
     @property
     def dropped(self) -> Counter[str]:
@@ -125,6 +131,9 @@ class Hellos:
         return link
 
     def _admitted(self, link: Link, writer: asyncio.StreamWriter, conn: JoinServer) -> None:
+        if self.window.phase == "training":  # an elastic launch's walk-in (_admit allowed it)
+            self._grown(link, writer, conn)
+            return
         hello, peer = link.hello, link.peer
         first = self.window.joined_ranks
         count = len(hello.devices)
@@ -161,4 +170,8 @@ class Hellos:
         if hello.resume is not None or self.window.can_admit():
             # A resume hello learns that no launch was resumed, whatever the window's phase.
             return admission.check(self.cohort, hello, self.settings.plane, self.settings.tunnel_only)
+        if self.window.phase == "training" and self.settings.elastic is not None:
+            # Growth: the same admission as before the freeze, then elastic's own rules.
+            refusal = admission.check(self.cohort, hello, self.settings.plane, self.settings.tunnel_only)
+            return refusal or self._growth_refusal(hello)
         return admission.window_closed(self.window.phase)

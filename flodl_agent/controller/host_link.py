@@ -22,6 +22,7 @@ class Link:
     joined_at: float
     peer: str
     ranks: range | None = None  # its share of the formed world
+    midrun_step: int | None = None  # it walked into the training world when it was at this step
 
     def send(self, kind: wire.Kind, body: dict[str, Any], blob: wire.Blob = b"") -> None:
         write_parts(self.writer, self.conn.send(kind, body, blob))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..protocol.messages import Plane
+from .elastic import Elastic
 from .supervision import Limits
 from .window import WindowConfig
 
@@ -37,6 +38,8 @@ class Settings:
     # resume hellos (0: a lost controller stops the ranks); also how long a restarted
     # controller waits for its journaled hosts.
     controller_grace: float = 0.0
+    # Walk-ins keep joining the training world up to a ceiling of ranks (None: it is frozen).
+    elastic: Elastic | None = None
     heartbeat_timeout: float = 30.0  # a training host silent this long is cut off (agents beat every 5 s)
     parallelism: dict[str, int] | None = None  # tensor/pipeline/data/expert the formed world must satisfy
     tls: tuple[str, str] | None = None  # (certificate, key): serve the port over TLS

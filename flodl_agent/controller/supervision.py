@@ -199,6 +199,12 @@ class Supervisor:
         if host in self.seen:
             self.seen[host] = now
 
+    def grow(self, host: str, ranks: range, now: float) -> None:
+        """A walk-in joined the training world (an elastic launch): its ranks are watched as
+        the formed ones are, and the failure budget counts them."""
+        self.world[host] = ranks
+        self.seen[host] = now
+
     def owns(self, host: str, rank: int) -> bool:
         return rank in self.world.get(host, ())
 

@@ -86,6 +86,9 @@ class Traffic:
             if pushed.offset == 0:  # once per round, not per piece
                 self.tell_shutdown(host, pushed.round)
             return False
+        if pushed.join:  # a walk-in's ranks are ready: counted from the next round (hub.join)
+            self.joined(host)
+            return False
         if pushed.round < self.hub.floor:  # abandoned at a resume: answered at once, never opened
             self._send(self.hub.push(host, pushed.round, 0.0, b"", pushed.bf16, pushed.offset))
             return False
@@ -104,6 +107,13 @@ class Traffic:
             return False
         self.supervisor.round_opened(pushed.round, now)
         return True
+
+    def joined(self, host: str) -> None:
+        """A walk-in's ranks are ready: it takes the next round's average, then averages."""
+        try:
+            self.deliver(self.hub.join(host))
+        except Mismatch as exc:
+            raise RoundFailed(str(exc)) from None
 
     def resumed(self, host: str, round_no: int) -> None:
         """A restarted controller re-adopted ``host``, whose ranks push ``round_no`` next: the
@@ -131,6 +141,7 @@ class Traffic:
                 "offset": piece.offset,
                 "params": piece.params,
                 "last": piece.last,
+                "taken": piece.taken,
             }
             for host in piece.hosts:
                 link = self.links.get(host)

@@ -48,6 +48,7 @@ def host_json(link: Link, first: int) -> str:
             "command": hello.command,  # "": the launch's command
             "joined_at": round(link.joined_at, 1),
         }
+        | ({} if link.midrun_step is None else {"midrun_step": link.midrun_step})
     )
 
 

@@ -223,6 +223,20 @@ class Window:
         # Terminal phases: links draining after the verdict change nothing.
         return Keep(self._phase, None)
 
+    def grow(self, host: str, ranks: int, now: float) -> range:
+        """An elastic launch admits a walk-in into the training world: its ranks come after
+        every rank numbered so far (the rules of who may are ``elastic``'s)."""
+        if self._phase != "training":
+            raise WindowClosed(self._phase)
+        if ranks < 1:
+            raise ValueError(f"host {host} offers {ranks} ranks; a host carries at least one rank")
+        if host in self._members:
+            raise ValueError(f"host {host} already joined this run")
+        first = self._ranks
+        self._members[host] = Member(host, ranks, now)
+        self._ranks += ranks
+        return range(first, first + ranks)
+
     def start_refusal(self) -> StartReply | None:
         """Why an operator's start would be refused now (None: it would be accepted)."""
         if self._config.start == "auto":

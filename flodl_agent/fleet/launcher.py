@@ -13,12 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from ..address import is_loopback, join_address
-from ..config.join_window import LOCKED_OUT_FIX, locked_out_message, locks_walk_ins_out
+from ..config.join_window import (
+    LOCKED_OUT_FIX,
+    JoinWindow,
+    ceiling_floor,
+    locked_out_message,
+    locks_walk_ins_out,
+)
 from ..config.models import Cluster
 from ..config.problems import format_path
 from ..config.ranks import CapacityUnknown, fanout_ranks, plan_window
 from ..config.source import path_kind
 from ..controller.controller import Controller
+from ..controller.elastic import Elastic
 from ..controller.journal import Journal, JournalError, Resume, on_start, settings_digest
 from ..controller.journaling import Journaler
 from ..controller.listener import BindError
@@ -50,6 +57,7 @@ class LaunchOptions:
     stall_ceiling: float = 600.0
     parallelism: dict[str, int] | None = None
     controller_grace: int | None = None  # --controller-grace; None: the cluster file's
+    elastic: int | None = None  # --elastic: the ceiling of ranks; None: the cluster file's
     fresh: bool = False  # --fresh: discard an unfinished launch's journal instead of resuming it
     handoff: bool = False  # --handoff: SIGTERM hands a training world to the next controller
     linger: float = LINGER  # seconds the port serves the final phase after the verdict, when watched
@@ -210,11 +218,29 @@ def settings_for(
         controller_grace=float(
             join.controller_grace if options.controller_grace is None else options.controller_grace
         ),
+        elastic=elastic_for(join, options),
         parallelism=options.parallelism,
         tls=(cluster.controller.tls.cert, cluster.controller.tls.key) if cluster.controller.tls else None,
         host_facts={w.host: cluster.host_facts(w.host) for w in cluster.workers},
         walk_in_facts=cluster.host_facts(None),
     )
+
+
+def elastic_for(join: JoinWindow, options: LaunchOptions) -> Elastic | None:
+    """The launch's growth: --elastic's ceiling over the file's, on the file's planes (cpu
+    when the file has no elastic block); ``None`` when neither asks, the frozen world."""
+    block = join.elastic
+    if options.elastic is None:
+        return None if block is None else Elastic(block.max_ranks, tuple(block.planes))
+    # The file's own ceiling was held to its window when it loaded; the flag is checked here.
+    if below := ceiling_floor(join, options.elastic):
+        name, floor = below
+        raise LaunchError(
+            f"--elastic {options.elastic} is below cluster.controller.join.{name} ({floor}): "
+            "the ceiling would be below the world the window forms",
+            f"pass --elastic {floor} or more, or lower {name}",
+        )
+    return Elastic(options.elastic, tuple(block.planes) if block else ("cpu",))
 
 
 def check_tls_files(cluster: Cluster) -> None:

@@ -124,6 +124,12 @@ def _ago(state: dict[str, Any], host: dict[str, Any]) -> float | None:
     return now - joined if isinstance(now, (int, float)) and isinstance(joined, (int, float)) else None
 
 
+def _midrun(host: dict[str, Any]) -> str:
+    """An elastic launch's walk-in into the training world: the step it joined at."""
+    step = host.get("midrun_step")
+    return f" (mid-run, step {step})" if isinstance(step, int) and not isinstance(step, bool) else ""
+
+
 def peer(value: Any) -> str:
     """Text from the state (host names, labels, reasons: a peer's words) as a terminal may show it."""
     return printable(str(value))
@@ -231,7 +237,7 @@ def render(state: dict[str, Any]) -> list[Text | Table]:
                 _span(host.get("ranks")),
                 group_devices(host.get("device_labels") or host.get("devices") or []),
                 str(host.get("variant", "-")),
-                f"{_clock(_ago(state, host))} ago",
+                f"{_clock(_ago(state, host))} ago{_midrun(host)}",
                 _age(beats.get(str(host.get("host")))),
             )
         )

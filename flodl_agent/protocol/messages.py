@@ -190,6 +190,10 @@ class WorldFormed(Msg):
     # Seconds the host's ranks train on when the link to the controller breaks, re-dialling
     # with a resume hello (0: they stop at once, as from a controller that predates it).
     controller_grace: float = Field(0.0, ge=0, le=86400)
+    # An elastic world's ceiling of ranks (0: not elastic): every rank's timing slots are sized
+    # by it, so the world can grow without the parameters' count changing.
+    max_world_size: int = Field(0, ge=0, lt=2**31)
+    midrun: bool = False  # this host walked into a training world: its ranks sync before a step
 
 
 class RankExited(Msg):
@@ -222,6 +226,9 @@ class Average(Msg):
     offset: int = Field(0, ge=0, lt=2**40)
     params: int = Field(0, ge=0, lt=2**40)
     raw: bool = False
+    # A walk-in's first push (weight 0): it takes the average of the next round the world
+    # completes, whatever its number, and is counted in every round after.
+    join: bool = False
 
 
 class Averaged(Msg):
@@ -237,6 +244,9 @@ class Averaged(Msg):
     offset: int = Field(0, ge=0, lt=2**40)
     params: int = Field(0, ge=0, lt=2**40)
     last: bool = True  # the round is whole with this piece
+    # The world's accepted weight over every round through this one (on the last piece): a
+    # walk-in's ranks start their count of the world's batches from it.
+    taken: float = Field(0.0, ge=0.0, allow_inf_nan=False)
 
 
 class Stream(Msg):

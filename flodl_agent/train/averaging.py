@@ -14,6 +14,9 @@ average with no copy); on a host of several, one shared segment every local
 rank copies from.
 Ranks with weight 0 (no step taken) are excluded from the average and still
 receive it. Nothing is pickled; parameters never cross loopback as bytes.
+A walk-in host's ranks join a world that is training with a round of weight 0 marked
+``join``: it is answered with the average of whichever round the controller attaches them
+to, and they count their rounds on from that one's number.
 
 The segments live in a private directory (mode 0700) the agent creates under
 ``/dev/shm`` and removes when the run ends; the agent derives every path from
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import mmap
 import os
 import shutil
 import socket
@@ -43,15 +45,10 @@ from ..protocol.messages import Average, BadMessage
 from ..protocol.messages import parse as parse_message
 from ..protocol.streams import next_frame
 from .hub import chunk_for, decode, encode, plan
+from .segments import AVERAGE_FILE, ENV_DIR, ENV_KEY, ENV_PORT, Mapped, segment_path
 
 DATA_MAX = wire.LINK_MAX  # one frame of parameters on a host's link
-ENV_PORT, ENV_KEY, ENV_DIR = "FLODL_AVERAGE_PORT", "FLODL_AVERAGE_KEY", "FLODL_AVERAGE_DIR"
 LOOPBACK_MAX = 64 * 1024  # loopback frames carry no parameters
-AVERAGE_FILE = "average"
-
-
-def segment_path(directory: str | Path, rank: int) -> Path:
-    return Path(directory) / f"rank-{rank}"
 
 
 class AveragingError(RuntimeError):
@@ -63,48 +60,6 @@ class AveragingError(RuntimeError):
     def __init__(self, message: str, saver: int | None = None) -> None:
         super().__init__(message)
         self.saver = saver
-
-
-class _Mapped:
-    """A file mapped whole, remapped when the size asked for changes.
-
-    ``grow``: this side sizes the file, and never makes it smaller (a view handed out earlier
-    may still map its end: a shrunk file faults on access there). The other side maps the
-    first ``nbytes`` of a file at least that long."""
-
-    def __init__(self, path: Path, writable: bool, grow: bool = False) -> None:
-        self.path, self.writable, self.grow = path, writable, grow
-        self.map: mmap.mmap | None = None
-        self.array: np.ndarray = np.empty(0, np.float32)
-
-    def view(self, nbytes: int) -> np.ndarray:
-        """The first ``nbytes`` as float32."""
-        if self.map is None or len(self.map) != nbytes:
-            self.close()
-            flags = (os.O_RDWR if self.writable else os.O_RDONLY) | (os.O_CREAT if self.grow else 0)
-            fd = os.open(self.path, flags, 0o600)
-            try:
-                have = os.fstat(fd).st_size
-                if self.grow and have < nbytes:
-                    os.ftruncate(fd, nbytes)
-                    have = nbytes
-                if have < nbytes:
-                    # Mapping past the end of a file faults on access: check before touching it.
-                    raise ValueError(f"{self.path.name} holds {have} bytes, not {nbytes}")
-                if nbytes:
-                    access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
-                    self.map = mmap.mmap(fd, nbytes, access=access)
-                    self.array = np.frombuffer(self.map, dtype=np.float32)
-            finally:
-                os.close(fd)
-        return self.array
-
-    def close(self) -> None:
-        self.array = np.empty(0, np.float32)
-        if self.map is not None:
-            with contextlib.suppress(BufferError):  # a view still exported: the map goes with it
-                self.map.close()
-            self.map = None
 
 
 class Averager:
@@ -126,10 +81,11 @@ class Averager:
         self.rank = int(os.environ.get("RANK", "0"))
         self._sock = socket.create_connection(("127.0.0.1", port))
         self._codec = wire.Codec(key, max_payload=LOOPBACK_MAX)
-        self._mine = _Mapped(segment_path(where, self.rank), writable=True, grow=True)
-        self._average = _Mapped(where / AVERAGE_FILE, writable=False)
+        self._mine = Mapped(segment_path(where, self.rank), writable=True, grow=True)
+        self._average = Mapped(where / AVERAGE_FILE, writable=False)
         self._adopted: np.ndarray | None = None  # the mapping adopted tensors live in (kept mapped)
-        self.round = 0
+        self.round = 0  # the round this rank pushes next
+        self.taken = 0.0  # the world's accepted weight through the last round answered, as told
 
     def adopt(self, tensors: list[Any]) -> None:
         """Move ``tensors`` into this rank's segment, in order from its start, so that a round
@@ -165,26 +121,22 @@ class Averager:
         adopted = self._adopted
         return at == base + 4 * offset or (adopted is not None and at == adopted.ctypes.data + 4 * offset)
 
-    def average(self, tensors: list[Any], weight: float) -> float:
+    def average(self, tensors: list[Any], weight: float, join: bool = False) -> float:
         """Replace ``tensors`` (in place) by their weighted average across every rank.
 
         ``weight`` is this rank's share (its steps since the last round); returns
         the round's total weight (0: nobody stepped, and the tensors are left alone).
+        ``join``: a walk-in's first round (weight 0): it takes the average of whichever round
+        the controller attached it to, and counts its rounds on from that one's number.
         """
-        import torch
-
         size = 4 * sum(t.numel() for t in tensors)
         mine = self._mine.view(size)  # sized even with nothing to send: the average may land there
         if weight > 0:
-            segment, base, offset = torch.from_numpy(mine), mine.ctypes.data, 0
-            with torch.no_grad():
-                for t in tensors:
-                    n = t.numel()
-                    if not self._in_place(t, base, offset):
-                        segment[offset : offset + n].copy_(t.detach().reshape(-1))
-                    offset += n
+            self._push(tensors, mine)
         body: dict[str, Any] = {"round": self.round, "rank": self.rank, "weight": float(weight), "size": size}
         body.update(bf16=self.bf16_wire, raw=True)  # raw: the parameters as they are, for the agent to weigh
+        if join:
+            body["join"] = True
         self._sock.sendall(self._codec.encode(wire.Kind.AVERAGE, body))
         reply = self._receive()
         if reply.get("error"):
@@ -192,7 +144,9 @@ class Averager:
             raise AveragingError(
                 str(reply["error"]), saver if isinstance(saver, int) and saver >= 0 else None
             )
-        self.round += 1
+        # A join's answer is the world's round, whatever this rank's own count said.
+        self.round = int(reply.get("round", self.round)) + 1 if join else self.round + 1
+        self.taken = float(reply.get("taken", self.taken))
         total = float(reply.get("weight", 0.0))
         if total > 0:
             if not reply.get("raw"):
@@ -204,17 +158,35 @@ class Averager:
                 averaged = mine if reply.get("own") else self._average.view(size)
             except (OSError, ValueError) as exc:
                 raise AveragingError(f"the host's average cannot be read: {exc}") from None
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # a read-only map: it is only read from
-                source = torch.from_numpy(averaged)
-            base, offset = averaged.ctypes.data, 0
-            with torch.no_grad():
-                for t in tensors:
-                    n = t.numel()
-                    if not (averaged is mine and self._in_place(t, base, offset)):
-                        t.copy_(source[offset : offset + n].view_as(t))
-                    offset += n
+            self._pull(tensors, averaged, mine)
         return total
+
+    def _push(self, tensors: list[Any], mine: np.ndarray) -> None:
+        """The tensors into this rank's segment (those that live there already stay)."""
+        import torch
+
+        segment, base, offset = torch.from_numpy(mine), mine.ctypes.data, 0
+        with torch.no_grad():
+            for t in tensors:
+                n = t.numel()
+                if not self._in_place(t, base, offset):
+                    segment[offset : offset + n].copy_(t.detach().reshape(-1))
+                offset += n
+
+    def _pull(self, tensors: list[Any], averaged: np.ndarray, mine: np.ndarray) -> None:
+        """The average into the tensors (those that live where it landed hold it already)."""
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a read-only map: it is only read from
+            source = torch.from_numpy(averaged)
+        base, offset = averaged.ctypes.data, 0
+        with torch.no_grad():
+            for t in tensors:
+                n = t.numel()
+                if not (averaged is mine and self._in_place(t, base, offset)):
+                    t.copy_(source[offset : offset + n].view_as(t))
+                offset += n
 
     def _receive(self) -> dict[str, Any]:
         while True:
@@ -237,6 +209,14 @@ class _Pending:
     pushes: dict[int, tuple[float, int]] = field(default_factory=dict)  # rank -> (weight, size in bytes)
     bf16: bool = False  # a rank asked for the bfloat16 wire
     raw: set[int] = field(default_factory=set)  # ranks whose segment holds their parameters unweighted
+    join: bool = False  # a walk-in host's first round: it takes whichever round the world is at
+
+    def add(self, pushed: Average) -> None:
+        self.pushes[pushed.rank] = (pushed.weight, pushed.size)
+        self.bf16 = self.bf16 or pushed.bf16
+        if pushed.raw:
+            self.raw.add(pushed.rank)
+        self.join = self.join or pushed.join  # a host is new or not: any push says for all
 
 
 Piece = tuple[dict[str, Any], wire.Blob]
@@ -259,8 +239,8 @@ class AverageRelay:
         self._send = send
         self._rounds: dict[int, _Pending] = {}
         # Written too: on a host of one rank, the average lands in that rank's own segment.
-        self._segments = {rank: _Mapped(segment_path(self.directory, rank), writable=True) for rank in ranks}
-        self._average = _Mapped(self.directory / AVERAGE_FILE, writable=True, grow=True)
+        self._segments = {rank: Mapped(segment_path(self.directory, rank), writable=True) for rank in ranks}
+        self._average = Mapped(self.directory / AVERAGE_FILE, writable=True, grow=True)
         self._landing = self._average  # where the round coming back lands
         self._sum = np.empty(0, np.float32)  # one piece of the host's weighted sum
         self._term = np.empty(0, np.float32)  # one rank's weighted piece, on its way into the sum
@@ -273,6 +253,7 @@ class AverageRelay:
         self._linked = True  # a controller link is in place (``link_lost``: rounds are held)
         self._next = 0  # the lowest round the ranks here have not had answered
         self._up: int | None = None  # the round folded up the link, its answer not whole yet
+        self._joining = False  # that round is a join: its answer may carry any round number
         # What an own landing overwrote of the rank's parameters ([0, _kept)), until it adopts the average.
         self._backup, self._kept = np.empty(0, np.float32), 0
         self._server: asyncio.Server | None = None
@@ -303,11 +284,7 @@ class AverageRelay:
                 if rank not in self._alive:
                     return  # not one of this host's ranks: drop the connection
                 self._writers[rank] = (writer, codec)
-                pending = self._rounds.setdefault(pushed.round, _Pending())
-                pending.pushes[rank] = (pushed.weight, pushed.size)
-                pending.bf16 = pending.bf16 or pushed.bf16
-                if pushed.raw:
-                    pending.raw.add(rank)
+                self._rounds.setdefault(pushed.round, _Pending()).add(pushed)
                 self._fold_ready()
         except (wire.Dropped, BadMessage, ConnectionError):
             pass  # a wrong key or a broken frame from loopback: that rank's connection ends
@@ -347,7 +324,8 @@ class AverageRelay:
             if not self._linked or not self._alive <= pending.pushes.keys():
                 return  # rounds are folded in order, and only up a link
             del self._rounds[round_no]
-            self._up = round_no  # before the send: a link may answer within it
+            # Before the send: a link may answer within it.
+            self._up, self._joining = round_no, pending.join
             self._send(self._fold(round_no, pending))
 
     def _fold(self, round_no: int, pending: _Pending) -> Iterable[Piece]:
@@ -377,6 +355,8 @@ class AverageRelay:
         except (OSError, ValueError) as exc:
             return [({"round": round_no, "error": f"a rank's segment cannot be read: {exc}"}, b"")]
         head = {"round": round_no, "weight": weight, "bf16": pending.bf16, "params": size // 4}
+        if pending.join:
+            head["join"] = True
         if not parts:
             return [({**head, "offset": 0}, b"")]  # nobody here stepped: nothing to add, one empty piece
         return self._pieces(head, parts, size // 4)
@@ -413,7 +393,7 @@ class AverageRelay:
         sink: ``body`` is not verified yet, and nothing reads the average until the round is in)."""
         params, offset = body.get("params"), body.get("offset")
         self._landed = None
-        if kind is not wire.Kind.AVERAGED or body.get("bf16") or nbytes % 4 or body.get("round") != self._up:
+        if kind is not wire.Kind.AVERAGED or body.get("bf16") or nbytes % 4 or not self._answers(body):
             return None  # not the round up the link (an abandoned one's late piece): nothing lands
         if not (isinstance(params, int) and isinstance(offset, int) and 0 <= offset <= params - nbytes // 4):
             return None
@@ -426,6 +406,13 @@ class AverageRelay:
         self._keep(average, offset + nbytes // 4)
         self._landed = average[offset : offset + nbytes // 4].data.cast("B")
         return self._landed
+
+    def _answers(self, body: dict[str, Any]) -> bool:
+        """``body`` answers the round up the link: its number, or any number for a join (the
+        controller attaches a walk-in to the round the world is at)."""
+        if self._up is None or not isinstance(round_no := body.get("round"), int):
+            return False
+        return round_no == self._up or self._joining
 
     def _keep(self, average: np.ndarray, stop: int) -> None:
         """Before a piece lands in a rank's own segment, what it overwrites: a round not adopted
@@ -441,8 +428,9 @@ class AverageRelay:
 
     def deliver(self, body: dict[str, Any], blob: wire.Blob) -> None:
         """A piece of the controller's average: where the round lands; once the round is whole
-        (or refused), word to every local rank. A round over here (abandoned) is ignored."""
-        if isinstance(round_no := body.get("round"), int) and round_no < self._next:
+        (or refused), word to every local rank. A round over here (abandoned) is ignored; a join's
+        answer carries the world's round, whatever its number."""
+        if isinstance(round_no := body.get("round"), int) and round_no < self._next and not self._joining:
             return
         if not body.get("error"):
             if not self._land(body, blob):
@@ -474,9 +462,12 @@ class AverageRelay:
         if own and not adopted:
             self._restore()  # the rank's parameters as it pushed them
         self._weight, self._landing, self._landed, self._kept, self._up = None, self._average, None, 0, None
+        self._joining = False
         if isinstance(round_no := body.get("round"), int):
             self._next = max(self._next, round_no + 1)
-        reply: dict[str, Any] = {k: body[k] for k in ("round", "weight", "error", "saver") if k in body}
+        # A join's round number and the world's batches so far are what a walk-in's ranks go on from.
+        kept = ("round", "weight", "error", "saver", "taken")
+        reply: dict[str, Any] = {k: body[k] for k in kept if k in body}
         reply.update(raw=True, own=own)  # the parameters were weighed here; where the average is
         for writer, codec in list(self._writers.values()):
             with contextlib.suppress(ConnectionError, RuntimeError):

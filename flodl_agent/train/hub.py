@@ -14,6 +14,13 @@ reachability, so it works through ssh tunnels and across GPU vendors.
 A host that leaves mid-round counts in the stretch it delivered: every piece
 is the weighted average of the hosts whose parameters it holds.
 
+A walk-in admitted into a training world (an elastic launch) joins once its ranks are
+ready (``join``): it is counted in the lowest open round that has handed nothing out yet
+(or the next round to open), with weight 0 — it brings nothing and holds nothing up, and
+takes that round's average whole as its starting point — and is waited for in every round
+after. Each round's last piece says how much weight the world has accepted so far
+(``taken``), so a walk-in's ranks stop on the same round as everyone else's.
+
 A restarted controller's hub hears from each host it re-adopts which round its ranks push
 next (``resume``); the highest it heard is the floor. A round below it is abandoned: it is
 answered at once with weight 0 (its ranks keep their parameters and go on to the next
@@ -26,7 +33,7 @@ it returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -109,6 +116,7 @@ class _Round:
     prefix: dict[str, int] = field(default_factory=dict)  # parameters each host delivered, in order
     covered: int = 0  # total[:covered] holds a contribution (beyond it: stale until written)
     sent: int = 0  # total[:sent] was averaged and handed out
+    least: float | None = None  # the least weight of its pieces: what its ranks count as the round's
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ class Averaged:
     offset: int = 0
     params: int = 0
     last: bool = True
+    taken: float = 0.0  # the world's accepted weight through this round (set on the last piece)
 
 
 class Hub:
@@ -140,6 +149,9 @@ class Hub:
         self._size: int | None = None  # parameters per round, fixed by the first push
         self.rounds_done = 0
         self.bytes_in = 0
+        self.taken = 0.0  # the accepted weight of every round finished so far, summed in order
+        self.last_round = -1  # the highest round pushed so far
+        self._joining: set[str] = set()  # walk-ins ready, waiting for the next round to open
         # Finished rounds' buffers, reused (fresh pages cost faults): never the newest, whose
         # pieces may still be queued on a slow link (views, not copies).
         self._spares: list[np.ndarray] = []
@@ -179,6 +191,10 @@ class Hub:
         state = self._rounds.get(round_no)
         if state is None:
             state = self._rounds[round_no] = _Round(self._buffer(size), bf16)
+            self.last_round = max(self.last_round, round_no)
+            for joiner in self._joining:
+                self._enter(state, joiner)
+            self._joining.clear()
         self._follows(state, host, round_no, weight, offset, count, size)
         if weight > 0:  # a host whose ranks took no step contributes nothing
             self._add(state, offset, decode(data, bf16))
@@ -222,6 +238,37 @@ class Hub:
             total[first:stop] = values[first - offset :]
             state.covered = stop
 
+    def join(self, host: str) -> list[Averaged]:
+        """A walk-in's ranks are ready: counted, with weight 0, in the lowest open round that has
+        handed nothing out (or the next to open), and waited for in every round after. What it
+        returns is for a world with nobody left to average with: the walk-in trains alone."""
+        if host in self.training or host in self._joining:
+            raise Mismatch(f"{host} joined twice")
+        for round_no in sorted(self._rounds):
+            if (state := self._rounds[round_no]).sent == 0:
+                self._enter(state, host)
+                return []
+        if not self.training:
+            return [self._alone(frozenset({host}))]
+        self._joining.add(host)
+        return []
+
+    @property
+    def waiting(self) -> frozenset[str]:
+        """Walk-ins ready, waiting for the next round to open."""
+        return frozenset(self._joining)
+
+    def _enter(self, state: _Round, host: str) -> None:
+        state.weights[host], state.prefix[host] = 0.0, 0
+        self.training.add(host)
+
+    def _alone(self, hosts: frozenset[str]) -> Averaged:
+        """The answer to walk-ins that nobody is left to average with: a round of nobody's
+        parameters (they keep their own), numbered after the last one."""
+        return Averaged(
+            self.last_round + 1, b"", hosts, 0.0, params=self._size or 0, last=True, taken=self.taken
+        )
+
     def resume(self, round_no: int) -> list[Averaged]:
         """A re-adopted host's ranks push ``round_no`` next: the floor rises to it, and the open
         rounds below it are dropped, answered with weight 0 to the hosts that pushed them."""
@@ -233,7 +280,7 @@ class Hub:
 
     def _abandoned(self, round_no: int, hosts: frozenset[str], bf16: bool = False) -> Averaged:
         """The word for a round abandoned at a resume: nobody's parameters, the round is over."""
-        return Averaged(round_no, b"", hosts, 0.0, bf16, params=self._size or 0, last=True)
+        return Averaged(round_no, b"", hosts, 0.0, bf16, params=self._size or 0, last=True, taken=self.taken)
 
     @property
     def active(self) -> bool:
@@ -255,16 +302,26 @@ class Hub:
         return {h for h in self.training if self._delivered(state, h) < (self._size or 0)}
 
     def shutdown(self) -> list[tuple[int, set[str]]]:
-        """Drop the open rounds: (round, hosts that pushed it), to be answered with the shutdown."""
+        """Drop the open rounds: (round, hosts that pushed it), to be answered with the shutdown;
+        walk-ins still waiting for a round are answered too (as the next round)."""
         open_rounds = [(r, set(state.weights)) for r, state in sorted(self._rounds.items())]
+        if self._joining:
+            open_rounds.append((self.last_round + 1, set(self._joining)))
         self._rounds.clear()
+        self._joining.clear()
         return open_rounds
 
     def leave(self, host: str) -> list[Averaged]:
         """A host stopped training (its ranks exited or it died): rounds no longer wait for it;
-        what it delivered of an open round still counts."""
+        what it delivered of an open round still counts. Walk-ins waiting for a round that
+        nobody is left to open train alone."""
         self.training.discard(host)
-        return [piece for r in sorted(self._rounds) for piece in self._ready(r)]
+        self._joining.discard(host)
+        pieces = [piece for r in sorted(self._rounds) for piece in self._ready(r)]
+        if self._joining and not self.training and not self._rounds:
+            pieces.append(self._alone(frozenset(self._joining)))
+            self._joining.clear()
+        return pieces
 
     def _ready(self, round_no: int) -> list[Averaged]:
         """The pieces of the round every training host has now delivered, averaged."""
@@ -286,10 +343,14 @@ class Hub:
             pieces.append(self._average(round_no, state, first, stop, weight, hosts, stop == size))
             first = stop
         state.sent = upto
+        least = min(piece.weight for piece in pieces)
+        state.least = least if state.least is None else min(state.least, least)
         if upto == size:
             del self._rounds[round_no]
             self.rounds_done += 1
+            self.taken += state.least
             self._spares = [*self._spares, state.total][-2:]
+            pieces[-1] = replace(pieces[-1], taken=self.taken)
         return pieces
 
     def _average(

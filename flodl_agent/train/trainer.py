@@ -19,6 +19,10 @@ environment (RANK, WORLD_SIZE, the store, the averaging port) does the rest.
 A rank's shard goes resident on its GPU when it fits the device's budget
 (:mod:`.device_memory`: an APU's is its ``gpu_ram_share`` of the host's RAM),
 and streams batch by batch otherwise; the batches are the same either way.
+
+An elastic world (``FLODL_MAX_WORLD_SIZE``: the CPU plane) grows as it trains: a walk-in
+(``FLODL_MIDRUN``) first takes the world's average, round number and batches so far; once a
+round shows another set of ranks stepping, every rank re-cuts its shard among them.
 """
 
 from __future__ import annotations
@@ -27,14 +31,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..observe import exit_reason
 from ..observe.metrics import report as report_progress
 from .device_memory import Budget, Device, device_budget, resolve_share
+from .segments import MAX_WORLD_ENV, MIDRUN_ENV
 from .signature import ModelMismatch, answer_probe, check_formation, model_signature
 
 FORMATION_TIMEOUT = 300.0  # seconds a rank waits for the others' model signatures
@@ -140,6 +145,51 @@ class RoundReport:
     seconds_per_batch: dict[int, float]  # every rank that stepped
 
 
+@dataclass
+class _Progress:
+    """Where a rank's ``fit`` stands, round to round."""
+
+    anchor: int
+    round: int = 0
+    taken: float = 0.0  # the world's batches so far
+    steps: int = 0  # this rank's batches so far
+    averaging: float = 0.0  # this rank's last averaging call, in seconds
+    times: dict[int, float] = field(default_factory=dict)  # last round: every rank's seconds per batch
+
+
+class Averaging(Protocol):
+    """A rank's plane: one call per round, in step with the other ranks."""
+
+    round: int  # the round it takes part in next (a join's: as the world counts them)
+    taken: float  # the world's accepted weight through the last round, as the plane told it
+
+    def average(self, tensors: list[Any], weight: float, join: bool = False) -> float: ...
+
+
+class _Collective:
+    """The NCCL plane (gloo on CPU boxes): one all-reduce of weight * params beside the weight."""
+
+    def __init__(self, device: Any) -> None:
+        self.device, self.round, self.taken = device, 0, 0.0
+
+    def average(self, tensors: list[Any], weight: float, join: bool = False) -> float:
+        import torch
+        import torch.distributed as dist
+
+        flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
+        both = torch.cat([flat * weight, torch.tensor([weight], device=self.device)])
+        dist.all_reduce(both)
+        total = float(both[-1])
+        if total > 0:
+            averaged, offset = both[:-1] / total, 0
+            with torch.no_grad():
+                for t in tensors:
+                    t.copy_(averaged[offset : offset + t.numel()].view_as(t).to(t.dtype))
+                    offset += t.numel()
+        self.round += 1
+        return total
+
+
 def read_device(torch: Any, device: Any) -> Device:
     """The device's memory facts: torch's figure, whether it is an APU, the host's RAM."""
     if device.type != "cuda":
@@ -213,6 +263,13 @@ class Trainer:
         self.config = config or ElCheConfig.nccl_cadence()
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        # An elastic world's ceiling sizes the timing slots: the same parameter count however it grows.
+        ceiling = int(os.environ.get(MAX_WORLD_ENV) or 0)
+        self.elastic, self.slots = ceiling > 0, ceiling or self.world
+        if not 0 <= self.rank < self.slots:
+            raise ValueError(f"rank {self.rank} is outside the world's {self.slots} timing slots")
+        self.midrun = self.config.plane == "cpu" and os.environ.get(MIDRUN_ENV) == "1"
+        self._live = frozenset(range(self.world))  # the ranks that stepped in the last round
         torch.manual_seed(0)  # every rank starts from the same parameters
         # The agent masks the rank to its one device (CUDA_VISIBLE_DEVICES): it is cuda:0 here.
         on_gpu = os.environ.get("FLODL_DEVICE", "").startswith("cuda") and torch.cuda.is_available()
@@ -230,16 +287,30 @@ class Trainer:
         self.checkpoint = Path(checkpoint or os.environ.get("FLODL_CHECKPOINT", "checkpoint.pt"))
         self.reports: list[RoundReport] = []
         self._owns_group = False  # a process group this Trainer created, and so tears down
-        indices = list(range(self.rank, len(dataset), self.world))
+        self._cut(self.rank, self.world)
+        self._averager = self._plane()
+
+    def _cut(self, position: int, world: int) -> None:
+        """This rank's shard: every ``world``-th item from ``position`` (resident or streamed)."""
+        indices = list(range(position, len(self.dataset), world))
         if not indices:
-            raise ValueError(f"rank {self.rank}: the dataset ({len(dataset)} items) has nothing for it")
-        self.data_bytes = nbytes(dataset[indices[0]]) * len(indices)  # this rank's shard, estimated
+            raise ValueError(f"rank {self.rank}: the dataset ({len(self.dataset)} items) has nothing for it")
+        self.shard = indices
+        self.data_bytes = nbytes(self.dataset[indices[0]]) * len(indices)  # this rank's shard, estimated
         self.resident = self.memory.fits(self.data_bytes)
         if self.resident:
-            self._batches = resident_batches(dataset, indices, batch_size, self.device)
+            self._batches = resident_batches(self.dataset, indices, self.batch_size, self.device)
         else:
-            self._batches = stream_batches(dataset, indices, batch_size)
-        self._average = self._plane()
+            self._batches = stream_batches(self.dataset, indices, self.batch_size)
+
+    def _follow(self, times: Mapping[int, float]) -> None:
+        """An elastic world follows its growth: once another set of ranks (this one among them)
+        stepped, every rank re-cuts its shard by its place among them (they read the same slots)."""
+        live = frozenset(times)
+        if not self.elastic or self.rank not in live or live == self._live:
+            return
+        self._live, self.world = live, len(live)
+        self._cut(sorted(live).index(self.rank), self.world)
 
     def _shutdown(self, exc: Exception, round_no: int) -> None:
         """ShutdownWithSave: the plane says too many ranks were lost (the CPU plane names
@@ -295,35 +366,20 @@ class Trainer:
             print(f"flodl: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
 
-    def _plane(self) -> Callable[[list[Any], float], float]:
+    def _plane(self) -> Averaging:
         if self.config.plane == "cpu":
             from .averaging import Averager
 
             averager = Averager(bf16_wire=self.config.bf16_wire)
             # The parameters live in the rank's segment: each round reads them where they are.
             averager.adopt(list(self.model.parameters()))
-            return averager.average
-        import torch
+            return averager
         import torch.distributed as dist
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
             self._owns_group = True
-
-        def collective(tensors: list[Any], weight: float) -> float:
-            flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
-            both = torch.cat([flat * weight, torch.tensor([weight], device=self.device)])
-            dist.all_reduce(both)
-            total = float(both[-1])
-            if total > 0:
-                averaged, offset = both[:-1] / total, 0
-                with torch.no_grad():
-                    for t in tensors:
-                        t.copy_(averaged[offset : offset + t.numel()].view_as(t).to(t.dtype))
-                        offset += t.numel()
-            return total
-
-        return collective
+        return _Collective(self.device)
 
     def fit(self, rounds: int | None = None, batches: int | None = None) -> Any:
         """Train for ``rounds`` rounds, or until the world has taken ``batches`` batches
@@ -332,8 +388,6 @@ class Trainer:
         The batch count is the sum of every round's accepted weight, which every rank
         receives identically, so every rank stops after the same round.
         """
-        import torch
-
         if rounds is None and batches is None:
             raise ValueError("fit needs rounds=, batches= or both")
         if (rounds is not None and rounds < 0) or (batches is not None and batches < 1):
@@ -341,60 +395,97 @@ class Trainer:
 
         params = [p.data for p in self.model.parameters()]
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
-        state = params + buffers
-        anchor, mine, slowest = self.config.anchor, None, None
-        taken = 0.0  # the world's batches so far
-        averaging = 0.0  # this rank's last averaging call, in seconds
-        round_no = 0
-        steps = 0  # this rank's batches so far
-        while (rounds is None or round_no < rounds) and (batches is None or taken < batches):
-            n = batches_for(self.config, anchor, mine, slowest)
+        at = _Progress(self.config.anchor)
+        if self.midrun:
+            self._sync(params, buffers, at)
+        while (rounds is None or at.round < rounds) and (batches is None or at.taken < batches):
+            slowest = max(at.times.values(), default=None)
+            n = batches_for(self.config, at.anchor, at.times.get(self.rank), slowest)
             started = time.perf_counter()
-            total_loss = 0.0
-            for _ in range(n):
-                x, y = (t.to(self.device) for t in next(self._batches))
-                self.optimizer.zero_grad()
-                loss = self.loss_fn(self.model(x), y)
-                loss.backward()
-                self.optimizer.step()
-                total_loss += float(loss.detach())
-            compute = time.perf_counter() - started
-            # Each rank's seconds per batch (and its last averaging time) ride the round in
-            # its own slots, divided by its weight: after the weighted average, slot * total
-            # weight is that rank's figure, the same on every rank.
-            timing = torch.zeros(2 * self.world, device=self.device)
-            timing[self.rank] = compute / n / n
-            timing[self.world + self.rank] = averaging / n
-            # Float buffers (running statistics) are averaged equally among the ranks that
-            # stepped: sent divided by the weight beside a 1/weight count slot, the average
-            # of the buffers over the average of the counts is their plain mean.
-            shared = [b / n for b in buffers]
-            count = torch.full((1,), 1.0 / n, device=self.device)
-            before = [t.detach().clone() for t in state] if self.config.cadence == "async" else []
-            started = time.perf_counter()
-            try:
-                total = self._average([*params, *shared, count, timing], float(n))
-            except Exception as exc:
-                self._shutdown(exc, round_no)
-                raise
-            averaging = time.perf_counter() - started
-            if total > 0:
-                with torch.no_grad():
-                    for buffer, mean in zip(buffers, shared, strict=True):
-                        buffer.copy_(mean / count)
-            if before:  # EASGD: move alpha of the way toward the average, keep the rest local
-                with torch.no_grad():
-                    for t, own in zip(state, before, strict=True):
-                        t.copy_(own + self.config.alpha * (t - own))
-            anchor, times = world_round(self.config, anchor, [float(v) * total for v in timing], self.world)
-            mine, slowest = times.get(self.rank), max(times.values(), default=None)
-            self.reports.append(RoundReport(round_no, n, total_loss / n, total, times))
-            steps += n
-            report_progress(steps, total_loss / n)  # the status page's and /metrics' step rate and loss
-            taken += total
-            round_no += 1
+            total_loss = self._steps(n)
+            total = self._round(params, buffers, n, time.perf_counter() - started, at)
+            self.reports.append(RoundReport(at.round, n, total_loss / n, total, at.times))
+            at.steps += n
+            report_progress(at.steps, total_loss / n)  # the status page's and /metrics' step rate and loss
+            at.taken += total
+            at.round += 1
         self.close()
         return self.model
+
+    def _steps(self, n: int) -> float:
+        """``n`` batches of this rank's shard; their summed loss."""
+        total_loss = 0.0
+        for _ in range(n):
+            x, y = (t.to(self.device) for t in next(self._batches))
+            self.optimizer.zero_grad()
+            loss = self.loss_fn(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            total_loss += float(loss.detach())
+        return total_loss
+
+    def _round(self, params: list[Any], buffers: list[Any], n: int, compute: float, at: _Progress) -> float:
+        """Average this rank's ``n`` batches' worth with the world's; the round's total weight."""
+        import torch
+
+        # Each rank's seconds per batch (and its last averaging time) ride the round in
+        # its own slots, divided by its weight: after the weighted average, slot * total
+        # weight is that rank's figure, the same on every rank.
+        timing = torch.zeros(2 * self.slots, device=self.device)
+        timing[self.rank] = compute / n / n
+        timing[self.slots + self.rank] = at.averaging / n
+        # Float buffers (running statistics) are averaged equally among the ranks that
+        # stepped: sent divided by the weight beside a 1/weight count slot, the average
+        # of the buffers over the average of the counts is their plain mean.
+        shared = [b / n for b in buffers]
+        count = torch.full((1,), 1.0 / n, device=self.device)
+        state = params + buffers
+        before = [t.detach().clone() for t in state] if self.config.cadence == "async" else []
+        total = self._exchange([*params, *shared, count, timing], float(n), at)
+        self._averaged(buffers, shared, count, timing, total, at)
+        if before:  # EASGD: move alpha of the way toward the average, keep the rest local
+            with torch.no_grad():
+                for t, own in zip(state, before, strict=True):
+                    t.copy_(own + self.config.alpha * (t - own))
+        return total
+
+    def _sync(self, params: list[Any], buffers: list[Any], at: _Progress) -> None:
+        """A walk-in's first round, before any step (no report): weight 0, marked join, as many
+        parameters as any round. The world's average comes back (parameters, buffers, timing
+        slots) with its round number and batches so far: every rank stops on the same round."""
+        import torch
+
+        shared = [torch.zeros_like(b) for b in buffers]
+        count = torch.zeros(1, device=self.device)
+        timing = torch.zeros(2 * self.slots, device=self.device)
+        total = self._exchange([*params, *shared, count, timing], 0.0, at, join=True)
+        self._averaged(buffers, shared, count, timing, total, at)
+        at.round, at.taken = self._averager.round, self._averager.taken
+
+    def _exchange(self, tensors: list[Any], weight: float, at: _Progress, join: bool = False) -> float:
+        """One averaging call, timed; a shutdown the plane calls ends the run (ShutdownWithSave)."""
+        started = time.perf_counter()
+        try:
+            total = self._averager.average(tensors, weight, join)
+        except Exception as exc:
+            self._shutdown(exc, at.round)
+            raise
+        at.averaging = time.perf_counter() - started
+        return total
+
+    def _averaged(
+        self, buffers: list[Any], shared: list[Any], count: Any, timing: Any, total: float, at: _Progress
+    ) -> None:
+        """The buffers' mean over the ranks that stepped; the next anchor, their paces, who stepped."""
+        import torch
+
+        if total > 0:
+            with torch.no_grad():
+                for buffer, mean in zip(buffers, shared, strict=True):
+                    buffer.copy_(mean / count)
+        slots = [float(v) * total for v in timing]
+        at.anchor, at.times = world_round(self.config, at.anchor, slots, self.slots)
+        self._follow(at.times)
 
     def close(self) -> None:
         """Tear down a process group this Trainer created: every rank past its last collective

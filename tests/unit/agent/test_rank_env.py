@@ -151,3 +151,22 @@ def test_gpu_ram_share_reaches_the_ranks_the_box_over_the_envelope(
 ) -> None:
     envs = rank_envs(Box({}, "", gpu_ram_share=own), _enveloped(enveloped), ["cuda:0"], "h:1", 1)
     assert envs[0].get("FLODL_GPU_RAM_SHARE") == expected
+
+
+def test_an_elastic_world_tells_each_rank_its_ceiling_and_a_walk_in_that_it_syncs_first() -> None:
+    cases: list[tuple[dict[str, Any], dict[str, str]]] = [
+        ({}, {}),  # a world that cannot grow: neither
+        ({"max_world_size": 8}, {"FLODL_MAX_WORLD_SIZE": "8"}),  # every rank of an elastic world
+        ({"max_world_size": 8, "midrun": True}, {"FLODL_MAX_WORLD_SIZE": "8", "FLODL_MIDRUN": "1"}),
+        ({"midrun": True}, {"FLODL_MIDRUN": "1"}),
+    ]
+    names = ("FLODL_MAX_WORLD_SIZE", "FLODL_MIDRUN")
+    for fields, expected in cases:
+        envs = rank_envs(Box({}, ""), world(count=2, size=2, **fields), ["cpu:0", "cpu:1"], "h:1", 1)
+        assert [{k: e[k] for k in names if k in e} for e in envs] == [expected] * 2, fields
+
+
+def test_a_box_env_entry_cannot_move_a_rank_out_of_its_elastic_world() -> None:
+    box = Box({}, "", env={"FLODL_MAX_WORLD_SIZE": "99", "FLODL_MIDRUN": "0"})
+    (env,) = rank_envs(box, world(max_world_size=8, midrun=True), ["cpu:0"], "h:1", 1)
+    assert (env["FLODL_MAX_WORLD_SIZE"], env["FLODL_MIDRUN"]) == ("8", "1")

@@ -332,3 +332,65 @@ def test_a_path_too_long_for_the_file_system_is_a_usage_error_naming_the_flag(
     result = CliRunner().invoke(cli.cli, args)
     assert result.exit_code == 2, result.output[-500:]
     assert flag in result.output and "internal error" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("0", "0 is not in the range 1<=x<=1000000"),
+        ("1000001", "1000001 is not in the range"),
+        ("x", "'x' is not a valid integer"),
+    ],
+)
+def test_an_elastic_ceiling_that_cannot_work_is_a_usage_error_naming_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, said: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no cluster file: the flag is refused before any is read
+    result = CliRunner().invoke(cli.cli, ["launch", "--elastic", value, "--", "true"])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--elastic'" in result.output and said in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_elastic_flag_reaches_the_launch_and_is_unset_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = tmp_path / "local.yml"
+    f.write_text(run("config", "example", "local").stdout)
+    seen: list[object] = []
+    monkeypatch.setattr(
+        "flodl_agent.cli.launch.launch_loaded", lambda _l, _f, options, _j=False: seen.append(options.elastic)
+    )
+    for argv in (["--elastic", "6"], []):
+        result = CliRunner().invoke(cli.cli, ["launch", "--config", str(f), *argv, "--", "true"])
+        assert result.exit_code == 0, result.output
+    assert seen == [6, None]
+
+
+def test_a_launch_flag_below_the_file_s_window_fails_naming_flag_and_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def went_on(*_: object) -> None:
+        raise AssertionError("the launch went on past its settings")  # no journal, no port opened
+
+    monkeypatch.setattr("flodl_agent.fleet.launcher._journal", went_on)
+    f = tmp_path / "local.yml"
+    f.write_text(run("config", "example", "local").stdout)  # target_ranks: 4
+    result = CliRunner().invoke(cli.cli, ["launch", "--config", str(f), "--elastic", "3", "--", "true"])
+    assert result.exit_code == 1, result.output
+    assert "--elastic 3 is below cluster.controller.join.target_ranks (4)" in result.stderr
+    assert "fix: pass --elastic 4 or more" in result.stderr
+
+
+def test_the_schema_holds_an_elastic_block_to_the_file_s_rules() -> None:
+    validator = jsonschema.Draft202012Validator(json.loads(run("config", "schema").stdout))
+
+    def doc(elastic: object) -> object:
+        return {
+            "cluster": {"controller": {"host": "h", "join": {"elastic": elastic}}, "workers": [{"host": "a"}]}
+        }
+
+    assert list(validator.iter_errors(doc({"max_ranks": 4, "planes": ["cpu", "nccl"]}))) == []
+    for bad in ({"planes": ["cpu"]}, {"max_ranks": 0}, {"max_ranks": 4, "planes": []}):
+        assert list(validator.iter_errors(doc(bad))), bad
+    assert list(validator.iter_errors(doc({"max_ranks": 4, "planes": ["cpu", "cpu"]})))

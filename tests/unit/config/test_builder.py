@@ -91,3 +91,22 @@ def test_host_facts_take_the_worker_entry_over_the_cluster_default() -> None:
     assert cluster.host_facts("plain") == {"gpu_ram_share": 0.5}  # the fleet default
     assert cluster.host_facts(None) == {"gpu_ram_share": 0.5}  # a walk-in in no entry
     assert ClusterBuilder().controller("h").worker("a").build().host_facts("a") == {}
+
+
+def test_elastic_lands_in_the_join_block_beside_the_other_knobs() -> None:
+    builder = ClusterBuilder().controller("h").join(target_ranks=2).elastic(8).worker("a")
+    assert builder.to_data()["cluster"]["controller"]["join"] == {
+        "target_ranks": 2,
+        "elastic": {"max_ranks": 8, "planes": ["cpu"]},
+    }
+    elastic = builder.build().controller.join.elastic
+    assert elastic is not None and (elastic.max_ranks, elastic.planes) == (8, ["cpu"])
+    both = ClusterBuilder().controller("h").elastic(4, ("cpu", "nccl")).worker("a").build()
+    assert both.controller.join.elastic is not None and both.controller.join.elastic.planes == ["cpu", "nccl"]
+
+
+def test_a_bad_elastic_ceiling_from_code_reads_like_the_file_s() -> None:
+    with pytest.raises(ConfigError) as caught:
+        ClusterBuilder().controller("h").join(min_rank_start=3).elastic(2).worker("a").build()
+    (p,) = caught.value.problems
+    assert p.path == "cluster.controller.join.elastic.max_ranks" and "below min_rank_start (3)" in p.message

@@ -497,3 +497,49 @@ def test_problems_never_print_what_a_terminal_acts_on() -> None:
     (p,) = problems_of('join:\n  "ev\\u202eil\\x9b": 1\n')
     assert all(line.isprintable() for line in p.render().splitlines())
     assert "\\u202e" in p.render() and "\u202e" not in p.render()
+
+
+@pytest.mark.parametrize(
+    ("elastic", "path", "fragment"),
+    [
+        ("{max_ranks: 0}", "elastic.max_ranks", "greater than or equal to 1"),
+        ("{planes: [cpu]}", "elastic.max_ranks", "is required"),
+        ("{max_ranks: 8, planes: [gpu]}", "elastic.planes[0]", "`gpu` is not one of cpu, nccl"),
+        ("{max_ranks: 8, planes: []}", "elastic.planes", "is empty: no plane would grow"),
+        ("{max_ranks: 8, planes: [cpu, nccl, cpu]}", "elastic.planes", "names cpu twice"),
+        ("{max_ranks: 8, planes: cpu}", "elastic.planes", "expected a list"),
+        ("{max_ranks: 8, plane: [cpu]}", "elastic.plane", "unknown key `plane`"),
+    ],
+)
+def test_an_elastic_block_that_cannot_work_names_its_field(elastic: str, path: str, fragment: str) -> None:
+    p = only(join_problems(elastic=elastic), f"cluster.controller.join.{path}")
+    assert fragment in p.message and p.hint
+    assert p.line is not None and p.line >= 4
+
+
+@pytest.mark.parametrize(
+    ("knobs", "floor"),
+    [
+        ({"target_ranks": 4, "min_rank_start": 2}, "target_ranks (4)"),
+        ({"min_rank_start": 3}, "min_rank_start (3)"),
+    ],
+)
+def test_an_elastic_ceiling_below_the_world_the_window_forms_is_refused(
+    knobs: dict[str, object], floor: str
+) -> None:
+    p = only(join_problems(**knobs, elastic="{max_ranks: 2}"), "cluster.controller.join.elastic.max_ranks")
+    assert p.message == f"(2) is below {floor}: the ceiling would be below the world the window forms"
+    name, value = floor.split()
+    assert p.hint == f"set elastic.max_ranks to at least {value.strip('()')}, or lower {name}"
+
+
+def test_a_valid_elastic_block_loads_with_cpu_as_its_default_plane() -> None:
+    assert (
+        join_problems(target_ranks=4, min_rank_start=2, elastic="{max_ranks: 4, planes: [nccl, cpu]}") == []
+    )
+    config = load(JOIN.format(knobs="      target_ranks: 3\n      elastic: {max_ranks: 16}\n"))
+    assert config.cluster is not None
+    elastic = config.cluster.controller.join.elastic
+    assert elastic is not None and (elastic.max_ranks, elastic.planes) == (16, ["cpu"])
+    frozen = load(JOIN.format(knobs="      target_ranks: 3\n"))
+    assert frozen.cluster is not None and frozen.cluster.controller.join.elastic is None

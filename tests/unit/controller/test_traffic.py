@@ -37,7 +37,7 @@ def push(traffic: Traffic, host: str, round_no: int, data: bytes, offset: int = 
     return traffic.push(host, Average(round=round_no, weight=1.0, offset=offset, params=params), data, 0.0)
 
 
-ABANDONED = {"weight": 0.0, "bf16": False, "offset": 0, "params": 0, "last": True}
+ABANDONED = {"weight": 0.0, "bf16": False, "offset": 0, "params": 0, "last": True, "taken": 0.0}
 
 
 def test_without_a_resume_rounds_average_as_ever() -> None:

@@ -100,3 +100,17 @@ def test_a_verdict_that_cannot_be_kept_or_read_is_no_error(tmp_path: Path) -> No
     assert last_verdict("127.0.0.1", 3, tmp_path) is None
     stopped = shown(render_verdict({"phase": "training", "port": 5, "hosts": []}, 0.0))
     assert "the controller stopped before a verdict" in stopped
+
+
+def test_a_walk_in_into_the_training_world_shows_the_step_it_joined_at() -> None:
+    grown = json.loads(json.dumps(TRAINING))
+    grown["hosts"].append(
+        {"host": "box-c", "ranks": [3, 4], "devices": ["cpu:0"], "variant": "cpu", "joined_at": 999.0}
+        | {"midrun_step": 812}
+    )
+    text = shown(render(grown))
+    row = next(line for line in text.splitlines() if "box-c" in line)
+    assert "(mid-run, step 812)" in row
+    assert "mid-run" not in next(line for line in text.splitlines() if "box-b" in line)
+    grown["hosts"][-1]["midrun_step"] = True  # not a step: a peer's odd JSON says nothing
+    assert "mid-run" not in shown(render(grown))

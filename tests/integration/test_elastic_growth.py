@@ -1,0 +1,91 @@
+"""Elastic growth on the CPU plane, end to end on loopback: a third box walks into a
+two-rank world that is training, takes the next round's average, averages from the round
+after, and ends with the same weights as the others."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from flodl_agent.controller.controller import Controller
+from flodl_agent.controller.elastic import Elastic
+from tests.support.control_plane import agent, run, settings, until, walk_in
+
+pytest.importorskip("torch")
+
+ROUNDS = 12
+# The Trainer on the CPU plane, one batch a round. The formed ranks hold still at their
+# fourth step until the test has the walk-in waiting (the GO file: the poll stands in for
+# a step); the walk-in never holds.
+SCRIPT = """
+import json, os, sys, time
+from pathlib import Path
+import torch
+from flodl_agent.train import ElCheConfig, Trainer
+
+out, go = Path(sys.argv[1]), Path(sys.argv[2])
+steps = 0
+def loss(y_hat, y):
+    global steps
+    steps += 1
+    while steps == 4 and not go.exists():
+        time.sleep(0.01)
+    return torch.nn.functional.mse_loss(y_hat, y)
+
+torch.manual_seed(1)
+x = torch.randn(48, 4)
+data = list(zip(x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])))
+trainer = Trainer(
+    lambda: torch.nn.Linear(4, 1), data, lambda p: torch.optim.SGD(p, lr=0.05), loss,
+    ElCheConfig.cpu_sync(), batch_size=4,
+)
+model = trainer.fit(rounds=int(sys.argv[3]))
+weights = [p.detach().reshape(-1).tolist() for p in model.parameters()]
+rounds = [r.round for r in trainer.reports]
+said = {"weights": weights, "rounds": rounds, "world": trainer.world}
+(out / os.environ["RANK"]).write_text(json.dumps(said))
+"""
+
+
+def test_a_walk_in_joins_a_training_cpu_plane_world_and_ends_with_the_same_weights(tmp_path: Path) -> None:
+    out, go = tmp_path / "out", tmp_path / "go"
+    out.mkdir()
+    notes: list[str] = []
+
+    async def scenario() -> None:
+        command = [sys.executable, "-c", SCRIPT, str(out), str(go), str(ROUNDS)]
+        ctl = Controller(settings(command, elastic=Elastic(3)), log=notes.append)
+        await ctl.start()
+        formed = [asyncio.ensure_future(walk_in(agent(ctl, host))) for host in ("box-a", "box-b")]
+        await until(lambda: ctl.hub is not None and ctl.hub.rounds_done == 3, timeout=60)
+        newcomer = asyncio.ensure_future(walk_in(agent(ctl, "box-c")))
+        hub = ctl.hub
+        assert hub is not None
+        await until(lambda: "box-c" in hub.waiting, timeout=60)  # its ranks are ready
+        assert ctl.window.joined_ranks == 3 and ctl.links["box-c"].ranks == range(2, 3)
+        state = ctl.view.state()
+        (roster_c,) = [h for h in state["hosts"] if h["host"] == "box-c"]
+        assert roster_c["ranks"] == [2, 3] and isinstance(roster_c["midrun_step"], int)
+        assert state["joined_ranks"] == 3 and state["phase"] == "training"
+        go.touch()
+        assert [await task for task in (*formed, newcomer)] == [0, 0, 0], notes
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0, ctl.reason
+        assert hub.rounds_done == ROUNDS
+        assert ctl.view.state()["averaging"]["rounds"] == ROUNDS
+        await ctl.close()
+
+    run(scenario)
+    results = {int(p.name): json.loads(p.read_text()) for p in out.iterdir()}
+    assert sorted(results) == [0, 1, 2]
+    # The walk-in took round 3's average and trained every round after it, as the others did.
+    assert results[2]["rounds"] == list(range(4, ROUNDS))
+    assert results[0]["rounds"] == list(range(ROUNDS))
+    assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
+    assert {r["world"] for r in results.values()} == {3}  # the formed ranks' world followed the growth
+    grew = [line for line in notes if "joined mid-run" in line]
+    assert len(grew) == 1 and "box-c" in grew[0] and "rank 2 " in grew[0]
