@@ -89,6 +89,24 @@ class World:
         return total
 
 
+class Still:
+    """An optimizer that leaves the parameters alone. Not torch.optim's: building one imports
+    torch._dynamo, which fails in a test process where ansible has patched sys.intern."""
+
+    def __init__(self, params: Any) -> None:
+        self.params = list(params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+
 @pytest.fixture
 def trainer(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
     """A Trainer of rank ``rank`` among ``world`` (env names as the agent hands them), on ``plane``."""
@@ -108,7 +126,7 @@ def trainer(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
         return Trainer(
             lambda: torch.nn.Linear(2, 1),
             data,
-            lambda p: torch.optim.SGD(p, lr=0.0),  # parameters stay as the plane left them
+            Still,  # parameters stay as the plane left them
             torch.nn.functional.mse_loss,
             ElCheConfig.cpu_sync(),
             batch_size=2,
