@@ -119,6 +119,8 @@ class Controller(Hellos, Forming):
         self.readoption = readoption = Readoption(journal, now, grace)
         members = [(span.host, len(span.ranks)) for span in journal.world]
         self.window = Window.resumed(self.settings.window, members, now)
+        if self.settings.elastic is not None:  # growth goes on after the resume, to the same ceiling
+            self.ceiling = self.settings.elastic.ceiling(max((s.stop for s in journal.world), default=0))
         self.run_id = journal.run_id
         self.supervisor = supervisor = restored(journal, self.settings.limits, now)
         # Silence is judged from the grace's end: until then a missing host is only missing.

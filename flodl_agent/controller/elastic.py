@@ -10,6 +10,13 @@ The ceiling is also the size of every rank's timing slots (the Trainer's), so it
 for the launch: rank numbers stay below it, and the parameters every host averages keep
 their count however the world grows.
 
+A host lost within ``--max-failure`` leaves its rank numbers free: the next walk-in that
+fits takes them (``place``), so a long run on spot capacity holds its size, and the
+failure budget heals (it counts the ranks the world misses, not every loss it ever had).
+A box that was lost may walk in again under its own name: it is a newcomer like any other
+(one whose ranks all ended cleanly has done its part: a standing unit's re-dial after the
+run's end must not start the job again).
+
 Live growth is for a world that averages through the controller (the CPU plane's hub):
 a newcomer takes the next round's average and is counted from the round after. A world
 seen as a torch.distributed process group (its ranks rendezvous, nothing averages) is a
@@ -58,7 +65,8 @@ class Room:
     averaging: bool  # the world averages through the controller (a round was seen)
     process_group: bool  # a far rank rendezvoused and nothing averages: a torch.distributed group
     shutdown: bool  # ShutdownWithSave is under way
-    known: bool = False  # the walk-in's name already took part in this world
+    free: tuple[range, ...] = ()  # the rank numbers of hosts lost for good, in rank order
+    finished: bool = False  # the walk-in's name already ran its ranks to a clean end in this run
 
 
 def refusal(elastic: Elastic | None, room: Room, offered: int) -> Refusal | None:
@@ -76,12 +84,12 @@ def refusal(elastic: Elastic | None, room: Room, offered: int) -> Refusal | None
             "join window closed: the world is saving and stopping (ShutdownWithSave)",
             "join the next run instead",
         )
-    if room.known:
+    if room.finished:
         return Refusal(
             "window_closed",
-            "a host of this name already took part in this run: its ranks are numbered, and taking "
-            "them back (replacement) is not built yet",
-            "join the next run instead, or walk in under another --host name",
+            "a host of this name already ran its ranks to a clean end in this run: a standing "
+            "unit re-dialling after its part must not start the job again",
+            "join the next run instead",
         )
     if room.plane not in elastic.planes:
         return Refusal(
@@ -104,13 +112,26 @@ def refusal(elastic: Elastic | None, room: Room, offered: int) -> Refusal | None
             "through the controller",
             "retry in a moment (a --persist unit does)",
         )
-    if room.numbered + offered > room.ceiling:
+    if place(room, offered) is None:
         left = max(0, room.ceiling - room.numbered)
+        freed = max((len(span) for span in room.free), default=0)
         return Refusal(
             "ceiling",
             f"the world is at its elastic ceiling: {room.numbered} of {room.ceiling} ranks numbered, "
-            f"room for {left}, and this box offers {offered}",
+            f"room for {left} (and {freed} together where a lost host was), and this box offers {offered}",
             "raise controller.join.elastic.max_ranks (or --elastic) for the next launch, "
             "or offer fewer devices",
         )
+    return None
+
+
+def place(room: Room, offered: int) -> range | None:
+    """Where a walk-in's ``offered`` ranks go: the head of the first lost host's span that
+    holds them (its replacement), else after every rank numbered so far while that stays
+    below the ceiling; None: nowhere."""
+    for span in room.free:
+        if len(span) >= offered:
+            return range(span.start, span.start + offered)
+    if room.numbered + offered <= room.ceiling:
+        return range(room.numbered, room.numbered + offered)
     return None

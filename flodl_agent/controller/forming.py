@@ -131,40 +131,51 @@ class Forming:
 
     # --- elastic growth ------------------------------------------------------------
 
-    def _growth_refusal(self, hello: Hello) -> Refusal | None:
-        """Why a walk-in may not join the training world now (elastic's rules)."""
+    def _room(self, host: str) -> elastic.Room:
+        """The training world as growth's rules see a walk-in named ``host``."""
         supervisor, traffic = self.supervisor, self.traffic
         averaging = traffic is not None and traffic.averaging
-        room = elastic.Room(
+        return elastic.Room(
             plane=self.settings.plane,
             ceiling=self.ceiling,
             numbered=self.window.joined_ranks,
             averaging=averaging,
             process_group=supervisor is not None and supervisor.rendezvous and not averaging,
             shutdown=supervisor is not None and bool(supervisor.shutdown),
-            known=any(m.host == hello.host for m in self.window.members),
+            free=supervisor.free() if supervisor is not None else (),
+            finished=supervisor is not None and supervisor.finished(host),
         )
-        return elastic.refusal(self.settings.elastic, room, len(hello.devices))
+
+    def _growth_refusal(self, hello: Hello) -> Refusal | None:
+        """Why a walk-in may not join the training world now (elastic's rules)."""
+        return elastic.refusal(self.settings.elastic, self._room(hello.host), len(hello.devices))
 
     def _grown(self, link: Link, writer: asyncio.StreamWriter, conn: JoinServer) -> None:
-        """Take an admitted walk-in into the training world: ranks after the numbered ones,
-        watched and counted as the formed ones are, its share with ``midrun`` set."""
+        """Take an admitted walk-in into the training world: a lost host's ranks, or ranks after
+        the numbered ones; watched and counted as the formed ones are; its share with
+        ``midrun`` set, the world's size the ranks it holds now."""
         hello, now = link.hello, self.clock()
-        assert self.supervisor is not None  # only a formed world grows
-        ranks = self.window.grow(hello.host, len(hello.devices), now)
+        supervisor = self.supervisor
+        assert supervisor is not None  # only a formed world grows
+        ranks = elastic.place(self._room(hello.host), len(hello.devices))
+        assert ranks is not None  # _admit asked elastic.refusal, on the same room
+        self.window.grow(hello.host, ranks, now)
         link.ranks = ranks
         self._register(link, ranks.start)
         writer.write(conn.accept(ranks.start, len(ranks)))  # it rekeys the link: the share follows
         self.admitted += 1
-        self.supervisor.grow(hello.host, ranks, now)
-        self.formed.append((link, ranks.start))
+        replaced = supervisor.grow(hello.host, ranks, now)
+        self.formed = [(f, r) for f, r in self.formed if f.hello.host != hello.host] + [(link, ranks.start)]
         step = max((stat.step for stat in self.board.ranks.values()), default=0)
         link.midrun_step = step
-        size, hosts = self.window.joined_ranks, len(self.supervisor.world)
-        self._share(link, self._common(size, hosts, midrun=True), ranks, hosts - 1)
+        size, hosts = supervisor.world_now()
+        group = list(supervisor.world).index(hello.host)
+        self._share(link, self._common(size, hosts, midrun=True), ranks, group)
+        instead = f", in place of lost host {replaced}" if replaced else ""
         self.note(
             "grow",
             f"{hello.host} ({link.peer}) joined mid-run at step {step}: {rank_span(ranks, noun=True)} on "
-            f"{', '.join(hello.devices)}; the world is {size} of {self.ceiling} ranks",
+            f"{', '.join(hello.devices)}{instead}; the world is {size} of {self.ceiling} ranks",
         )
+        self.view.invalidate()  # a lost host's ranks moved to it
         self._rearm()  # its silence is watched from now

@@ -26,7 +26,7 @@ from .supervision import Limits, Supervisor
 from .window import Window
 
 SETTLE = 0.5  # seconds: changes after the formation are written at most this often
-CHANGES = frozenset({"exit", "eviction", "leave", "save", "cut", "resume", "lost"})
+CHANGES = frozenset({"exit", "eviction", "leave", "save", "cut", "resume", "lost", "grow"})
 
 
 class Journaled(Protocol):

@@ -199,11 +199,33 @@ class Supervisor:
         if host in self.seen:
             self.seen[host] = now
 
-    def grow(self, host: str, ranks: range, now: float) -> None:
+    def free(self) -> tuple[range, ...]:
+        """The spans of hosts lost for good (every rank failed, the link gone), in rank order:
+        an elastic launch's walk-ins may take them."""
+        lost = (r for h, r in self.world.items() if r and h not in self.seen and set(r) <= self.failed)
+        return tuple(sorted(lost, key=lambda span: span.start))
+
+    def grow(self, host: str, ranks: range, now: float) -> str | None:
         """A walk-in joined the training world (an elastic launch): its ranks are watched as
-        the formed ones are, and the failure budget counts them."""
+        the formed ones are, and the failure budget counts them. Ranks it takes from a lost
+        host's span are that host's no more, and no longer count as failed: the budget counts
+        the ranks the world misses. Returns the lost host it replaces, if any."""
+        replaced = None
+        for other, span in list(self.world.items()):
+            if other != host and ranks.start in span:
+                replaced, rest = other, range(ranks.stop, span.stop)
+                if rest:
+                    self.world[other] = rest
+                else:
+                    del self.world[other]
+        taken = set(ranks)
+        self.failed -= taken
+        self.unproven -= taken
+        self.exits.pop(host, None)  # a box walking in again starts afresh
+        self.silent.discard(host)
         self.world[host] = ranks
         self.seen[host] = now
+        return replaced
 
     def owns(self, host: str, rank: int) -> bool:
         return rank in self.world.get(host, ())
@@ -217,6 +239,11 @@ class Supervisor:
 
     def all_exited(self, host: str) -> bool:
         return len(self.exits.get(host, {})) == len(self.world.get(host, ()))
+
+    def finished(self, host: str) -> bool:
+        """Every rank of ``host`` ended cleanly (exit 0): it has done its part of the run."""
+        codes = self.exits.get(host, {})
+        return self.all_exited(host) and bool(codes) and not any(codes.values())
 
     def running(self, host: str) -> set[int]:
         return set(self.world.get(host, ())) - set(self.exits.get(host, {}))

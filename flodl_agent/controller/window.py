@@ -223,19 +223,20 @@ class Window:
         # Terminal phases: links draining after the verdict change nothing.
         return Keep(self._phase, None)
 
-    def grow(self, host: str, ranks: int, now: float) -> range:
-        """An elastic launch admits a walk-in into the training world: its ranks come after
-        every rank numbered so far (the rules of who may are ``elastic``'s)."""
+    def grow(self, host: str, ranks: range, now: float) -> None:
+        """An elastic launch admits a walk-in into the training world with ``ranks`` (after
+        every rank numbered so far, or a lost host's: ``elastic.place``); a member whose link
+        closed may walk in again. ``joined_ranks`` counts the ranks numbered."""
         if self._phase != "training":
             raise WindowClosed(self._phase)
-        if ranks < 1:
-            raise ValueError(f"host {host} offers {ranks} ranks; a host carries at least one rank")
-        if host in self._members:
+        if not ranks:
+            raise ValueError(f"host {host} offers no ranks; a host carries at least one rank")
+        if host in self._members and host not in self._closed:
             raise ValueError(f"host {host} already joined this run")
-        first = self._ranks
-        self._members[host] = Member(host, ranks, now)
-        self._ranks += ranks
-        return range(first, first + ranks)
+        self._closed.discard(host)
+        self._members.pop(host, None)  # a box walking in again comes last, as any walk-in
+        self._members[host] = Member(host, len(ranks), now)
+        self._ranks = max(self._ranks, ranks.stop)
 
     def start_refusal(self) -> StartReply | None:
         """Why an operator's start would be refused now (None: it would be accepted)."""

@@ -89,3 +89,65 @@ def test_a_walk_in_joins_a_training_cpu_plane_world_and_ends_with_the_same_weigh
     assert {r["world"] for r in results.values()} == {3}  # the formed ranks' world followed the growth
     grew = [line for line in notes if "joined mid-run" in line]
     assert len(grew) == 1 and "box-c" in grew[0] and "rank 2 " in grew[0]
+
+
+# Rank 1 of the formed world dies at its fourth step; rank 0 trains on alone and holds still
+# at its seventh until the test has the replacement waiting (GO), which never dies.
+REPLACED = """
+import json, os, sys, time
+from pathlib import Path
+import torch
+from flodl_agent.train import ElCheConfig, Trainer
+
+out, go = Path(sys.argv[1]), Path(sys.argv[2])
+rank, newcomer = int(os.environ["RANK"]), os.environ.get("FLODL_MIDRUN") == "1"
+steps = 0
+def loss(y_hat, y):
+    global steps
+    steps += 1
+    if rank == 1 and steps == 4 and not newcomer:
+        os._exit(3)  # this box dies mid-run
+    while rank == 0 and steps == 7 and not go.exists():
+        time.sleep(0.01)
+    return torch.nn.functional.mse_loss(y_hat, y)
+
+data = [(torch.tensor([float(i)]), torch.tensor([2.0 * i + 1])) for i in range(-8, 8)]
+trainer = Trainer(lambda: torch.nn.Linear(1, 1), data, lambda p: torch.optim.SGD(p, lr=0.01), loss,
+                  ElCheConfig.cpu_sync(), batch_size=4)
+model = trainer.fit(rounds=int(sys.argv[3]))
+said = {"weights": [p.detach().reshape(-1).tolist() for p in model.parameters()],
+        "rounds": [r.round for r in trainer.reports], "totals": [r.weight for r in trainer.reports]}
+(out / (("new-" if newcomer else "") + os.environ["RANK"])).write_text(json.dumps(said))
+"""
+
+
+def test_a_lost_hosts_ranks_go_to_the_next_walk_in_and_the_budget_heals(tmp_path: Path) -> None:
+    out, go = tmp_path / "out", tmp_path / "go"
+    out.mkdir()
+    notes: list[str] = []
+
+    async def scenario() -> None:
+        command = [sys.executable, "-c", REPLACED, str(out), str(go), str(ROUNDS)]
+        ctl = Controller(settings(command, elastic=Elastic(2), max_failure="1"), log=notes.append)
+        await ctl.start()
+        formed = [asyncio.ensure_future(walk_in(agent(ctl, host))) for host in ("box-a", "box-b")]
+        await until(lambda: ctl.supervisor is not None and ctl.supervisor.free() == (range(1, 2),), 60)
+        supervisor, hub = ctl.supervisor, ctl.hub
+        assert supervisor is not None and hub is not None and supervisor.failed == {1}
+        newcomer = asyncio.ensure_future(walk_in(agent(ctl, "box-d")))
+        await until(lambda: "box-d" in hub.waiting, timeout=60)
+        assert ctl.links["box-d"].ranks == range(1, 2) and not supervisor.failed  # the budget healed
+        assert ctl.window.joined_ranks == 2  # nothing more numbered: the ceiling holds
+        go.touch()
+        assert [await task for task in (*formed, newcomer)][0::2] == [0, 0], notes  # box-b failed
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0, ctl.reason
+        await ctl.close()
+
+    run(scenario)
+    kept, new = json.loads((out / "0").read_text()), json.loads((out / "new-1").read_text())
+    assert kept["weights"] == new["weights"]
+    assert kept["totals"][:3] == [2.0] * 3 and kept["totals"][-1] == 2.0  # two ranks, then one, then two
+    assert 1.0 in kept["totals"] and new["rounds"][-1] == ROUNDS - 1
+    (grew,) = [line for line in notes if "joined mid-run" in line]
+    assert "box-d" in grew and "in place of lost host box-b" in grew and "2 of 2 ranks" in grew

@@ -8,7 +8,7 @@ import pytest
 
 from flodl_agent.controller import elastic
 from flodl_agent.controller.elastic import Elastic, Room
-from flodl_agent.controller.supervision import Limits, Supervisor
+from flodl_agent.controller.supervision import Evict, Limits, Supervisor
 from flodl_agent.controller.window import Window, WindowClosed, WindowConfig
 
 ROOM = Room(plane="cpu", ceiling=4, numbered=2, averaging=True, process_group=False, shutdown=False)
@@ -23,7 +23,10 @@ ON = Elastic(4)
         (ON, ROOM, 3, "ceiling"),
         (None, ROOM, 1, "window_closed"),  # not elastic: the seed's frozen world
         (ON, dataclasses.replace(ROOM, shutdown=True), 1, "window_closed"),
-        (ON, dataclasses.replace(ROOM, known=True), 1, "window_closed"),
+        (ON, dataclasses.replace(ROOM, finished=True), 1, "window_closed"),
+        (ON, dataclasses.replace(ROOM, numbered=4), 1, "ceiling"),
+        (ON, dataclasses.replace(ROOM, numbered=4, free=(range(1, 2),)), 1, None),  # a lost host's slot
+        (ON, dataclasses.replace(ROOM, numbered=4, free=(range(1, 2),)), 2, "ceiling"),
         (ON, dataclasses.replace(ROOM, plane="nccl"), 1, "not_elastic"),
         (Elastic(4, ("nccl", "cpu")), dataclasses.replace(ROOM, plane="nccl"), 1, None),
         (ON, dataclasses.replace(ROOM, process_group=True, averaging=False), 1, "not_elastic"),
@@ -60,37 +63,86 @@ def config() -> WindowConfig:
     return WindowConfig(quorum=2, target=2, join_timeout=10, max_join_timeout=20, start="auto")
 
 
-def test_a_training_window_grows_with_ranks_after_every_numbered_one() -> None:
+def test_a_training_window_grows_and_counts_the_ranks_numbered() -> None:
     window = Window(config(), 0.0)
     window.join("a", 1, 0.0)
     window.join("b", 1, 0.0)
     window.formed(1.0)
     with pytest.raises(WindowClosed):
         window.join("c", 1, 2.0)  # the seed's door stays shut: growth is its own event
-    assert window.grow("c", 2, 2.0) == range(2, 4)
+    window.grow("c", range(2, 4), 2.0)
     assert window.joined_ranks == 4 and [m.host for m in window.members] == ["a", "b", "c"]
     with pytest.raises(ValueError, match="already joined"):
-        window.grow("c", 1, 3.0)
+        window.grow("c", range(4, 5), 3.0)
     with pytest.raises(ValueError, match="at least one rank"):
-        window.grow("d", 0, 3.0)
-    # Every member's link closing, the walk-in's too, ends the run.
-    for host in ("a", "b"):
-        window.leave(host, 4.0)
+        window.grow("d", range(4, 4), 3.0)
+    window.leave("b", 4.0)
+    window.grow("d", range(1, 2), 4.0)  # b's rank, taken by a replacement: nothing more numbered
+    assert window.joined_ranks == 4
+    window.grow("b", range(4, 5), 4.5)  # b walks in again, as a newcomer: last in the roster
+    assert window.joined_ranks == 5 and [m.host for m in window.members] == ["a", "c", "d", "b"]
+    # Every member's link closing, the walk-ins' too, ends the run.
+    for host in ("a", "b", "c"):
+        window.leave(host, 5.0)
     assert window.phase == "training"
-    window.leave("c", 5.0)
+    window.leave("d", 5.0)
     assert window.phase == "done"
 
 
 def test_only_a_training_window_grows() -> None:
     window = Window(config(), 0.0)
     with pytest.raises(WindowClosed):
-        window.grow("c", 1, 0.0)
+        window.grow("c", range(0, 1), 0.0)
 
 
 def test_the_supervisor_watches_a_walk_in_and_its_budget_counts_it() -> None:
     supervisor = Supervisor({"a": range(0, 2)}, Limits(max_failure="50%"), 0.0)
-    supervisor.grow("c", range(2, 4), 5.0)
+    assert supervisor.grow("c", range(2, 4), 5.0) is None  # nobody's ranks taken
     assert supervisor.size == 4 and supervisor.seen["c"] == 5.0
     assert supervisor.exited("c", 3, 0) and not supervisor.exited("c", 1, 0)
     verdict = supervisor.host_closed("c", averaging=True, now=6.0)  # rank 2 still running
-    assert verdict is not None and "evicted (1 of max_failure 2)" in verdict.describe()  # type: ignore[union-attr]
+    assert isinstance(verdict, Evict) and verdict.failed == 1 and verdict.budget == 2
+
+
+def test_a_lost_hosts_ranks_are_free_until_a_walk_in_takes_them_and_the_budget_heals() -> None:
+    supervisor = Supervisor({"a": range(0, 1), "b": range(1, 4), "c": range(4, 5)}, Limits("3"), 0.0)
+    assert supervisor.free() == ()
+    assert isinstance(supervisor.host_closed("b", averaging=True, now=1.0), Evict)
+    assert supervisor.free() == (range(1, 4),) and supervisor.failed == {1, 2, 3}
+    supervisor.rank_failed("rank 4 died", {4}, averaging=True, now=1.5)
+    assert supervisor.free() == (range(1, 4),)  # c's link is still up: its span is not free yet
+    assert supervisor.grow("d", range(1, 3), 2.0) == "b"  # the head of b's span
+    assert supervisor.world["b"] == range(3, 4) and supervisor.world["d"] == range(1, 3)
+    assert supervisor.failed == {3, 4} and supervisor.free() == (range(3, 4),)
+    assert supervisor.world_now() == (3, 2)  # a and d: c has lost its one rank
+    assert supervisor.grow("e", range(3, 4), 3.0) == "b" and "b" not in supervisor.world
+    assert supervisor.failed == {4} and supervisor.size == 5
+
+
+def test_a_box_walking_in_again_starts_afresh() -> None:
+    supervisor = Supervisor({"a": range(0, 1), "b": range(1, 2)}, Limits("1"), 0.0)
+    supervisor.exited("b", 1, -9)
+    supervisor.silent.add("b")
+    supervisor.host_closed("b", averaging=True, now=1.0)
+    assert supervisor.grow("b", range(1, 2), 2.0) is None  # its own old span: nobody else's
+    assert supervisor.exits.get("b") is None and "b" not in supervisor.silent
+    assert supervisor.running("b") == {1} and not supervisor.failed
+
+
+def test_where_a_walk_in_goes() -> None:
+    room = dataclasses.replace(ROOM, numbered=3, free=(range(1, 2), range(5, 8)))
+    assert elastic.place(room, 1) == range(1, 2)  # the first lost span that holds it
+    assert elastic.place(room, 2) == range(5, 7)
+    assert elastic.place(dataclasses.replace(room, ceiling=8), 4) == range(3, 7)  # none holds 4
+    assert elastic.place(room, 4) is None
+
+
+def test_a_host_that_finished_its_part_is_not_a_newcomer() -> None:
+    supervisor = Supervisor({"a": range(0, 2), "b": range(2, 3)}, Limits("1"), 0.0)
+    assert not supervisor.finished("a")
+    supervisor.exited("a", 0, 0)
+    assert not supervisor.finished("a")  # rank 1 still runs
+    supervisor.exited("a", 1, 0)
+    assert supervisor.finished("a")
+    supervisor.exited("b", 2, 3)
+    assert not supervisor.finished("b") and not supervisor.finished("nobody")
