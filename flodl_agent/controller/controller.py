@@ -319,6 +319,7 @@ class Controller(Hellos, Forming):
         claim = hello.resume
         link.ranks = range(claim.first, claim.first + claim.count)
         self.links[hello.host] = link
+        self.cohort.add(hello)  # what a walk-in into the resumed world is held to
         self.formed = [(f, r) for f, r in self.formed if f.hello.host != hello.host] + [(link, claim.first)]
         self.view.arrived(link, claim.first)
         readoption.admitted(hello.host)

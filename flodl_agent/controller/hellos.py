@@ -163,10 +163,15 @@ class Hellos:
         self.listener.charge(peer)  # a bad dial: the dial guard's budget pays for it
 
     def _admit(self, hello: Hello) -> Refusal | None:
-        if self.readoption is not None:
+        readoption = self.readoption
+        # A resumed elastic launch grows again once its readoption is over (the hosts not back
+        # are lost by then, their ranks free); until then only its journaled hosts walk in.
+        if readoption is not None and (
+            hello.resume is not None or not readoption.said or not self.settings.elastic
+        ):
             if self.window.phase != "training":
                 return admission.window_closed(self.window.phase)  # the resumed run has ended
-            return self.readoption.judge(hello, set(self.links))
+            return readoption.judge(hello, set(self.links))
         if hello.resume is not None or self.window.can_admit():
             # A resume hello learns that no launch was resumed, whatever the window's phase.
             return admission.check(self.cohort, hello, self.settings.plane, self.settings.tunnel_only)

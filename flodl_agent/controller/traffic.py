@@ -87,7 +87,7 @@ class Traffic:
                 self.tell_shutdown(host, pushed.round)
             return False
         if pushed.join:  # a walk-in's ranks are ready: counted from the next round (hub.join)
-            self.joined(host)
+            self.joined(host, pushed.params)
             return False
         if pushed.round < self.hub.floor:  # abandoned at a resume: answered at once, never opened
             self._send(self.hub.push(host, pushed.round, 0.0, b"", pushed.bf16, pushed.offset))
@@ -108,12 +108,15 @@ class Traffic:
         self.supervisor.round_opened(pushed.round, now)
         return True
 
-    def joined(self, host: str) -> None:
-        """A walk-in's ranks are ready: it takes the next round's average, then averages."""
+    def joined(self, host: str, params: int = 0) -> None:
+        """A walk-in's ranks are ready: it takes the next round's average, then averages. One
+        that does not fit (another model) is refused alone: its ranks fail, as any host's may."""
         try:
-            self.deliver(self.hub.join(host))
+            self.deliver(self.hub.join(host, params))
         except Mismatch as exc:
-            raise RoundFailed(str(exc)) from None
+            if (link := self.links.get(host)) is not None:
+                error = f"{exc}: this walk-in builds another model than the world's"
+                link.send(wire.Kind.AVERAGED, {"round": 0, "error": error})
 
     def resumed(self, host: str, round_no: int) -> None:
         """A restarted controller re-adopted ``host``, whose ranks push ``round_no`` next: the

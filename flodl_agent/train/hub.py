@@ -238,12 +238,17 @@ class Hub:
             total[first:stop] = values[first - offset :]
             state.covered = stop
 
-    def join(self, host: str) -> list[Averaged]:
-        """A walk-in's ranks are ready: counted, with weight 0, in the lowest open round that has
-        handed nothing out (or the next to open), and waited for in every round after. What it
-        returns is for a world with nobody left to average with: the walk-in trains alone."""
+    def join(self, host: str, params: int = 0) -> list[Averaged]:
+        """A walk-in's ranks are ready, averaging ``params`` parameters (0: not said): counted,
+        with weight 0, in the lowest open round that has handed nothing out (or the next to
+        open), and waited for in every round after. What it returns is for a world with nobody
+        left to average with: the walk-in trains alone. Mismatch: it may not join."""
         if host in self.training or host in self._joining:
             raise Mismatch(f"{host} joined twice")
+        if params and self._size is not None and params != self._size:
+            raise Mismatch(
+                f"parameter count mismatch: {host} averages {params} parameters, the world {self._size}"
+            )
         for round_no in sorted(self._rounds):
             if (state := self._rounds[round_no]).sent == 0:
                 self._enter(state, host)

@@ -344,8 +344,9 @@ class Trainer:
         return self.checkpoint
 
     def _check_formation(self) -> None:
-        """Every rank must build the same model: compare signatures through the rendezvous store."""
-        if self.world == 1 or "MASTER_PORT" not in os.environ:
+        """Every rank must build the same model: compare signatures through the rendezvous store
+        (a walk-in's is checked by its join round instead: the store may have left with rank 0)."""
+        if self.world == 1 or "MASTER_PORT" not in os.environ or self.midrun:
             return
         from datetime import timedelta
 

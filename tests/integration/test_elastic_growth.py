@@ -7,12 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from flodl_agent.agent.agent import AgentFailure
 from flodl_agent.controller.controller import Controller
 from flodl_agent.controller.elastic import Elastic
+from flodl_agent.controller.journaling import Journaler
+from tests.support import free_port
 from tests.support.control_plane import agent, run, settings, until, walk_in
 
 pytest.importorskip("torch")
@@ -151,3 +155,57 @@ def test_a_lost_hosts_ranks_go_to_the_next_walk_in_and_the_budget_heals(tmp_path
     assert 1.0 in kept["totals"] and new["rounds"][-1] == ROUNDS - 1
     (grew,) = [line for line in notes if "joined mid-run" in line]
     assert "box-d" in grew and "in place of lost host box-b" in grew and "2 of 2 ranks" in grew
+
+
+# Averages every step until GO; a walk-in (FLODL_MIDRUN) first takes the world's average.
+JOINS = [
+    sys.executable,
+    "-c",
+    "import os, torch\nfrom flodl_agent.train import Averager\navg, w = Averager(), torch.zeros(2)\n"
+    "if os.environ.get('FLODL_MIDRUN') == '1': avg.average([w], 0.0, join=True)\n"
+    "while not os.path.exists(os.environ['GO']): avg.average([w], 1.0)",
+]
+
+
+def test_a_resumed_elastic_launch_grows_again_once_its_readoption_is_over(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+
+    async def body() -> None:
+        knobs = {"launch": "0a1b2c3d", "controller_grace": 30.0, "env": {"GO": str(go)}}
+        base = settings(JOINS, elastic=Elastic(2), max_failure="1", **knobs)
+        first = Controller(replace(base, port=free_port()), log=print)
+        await first.start()
+        boxes = {h: asyncio.ensure_future(walk_in(agent(first, h))) for h in ("a", "b")}
+        await until(lambda: first.hub is not None and first.hub.rounds_done > 2, 30)
+        journal = Journaler(first, Path("unused"), print).snapshot()
+        assert journal is not None
+        for link in list(first.links.values()):
+            link.writer.transport.abort()  # kill -9
+        await first.close()
+        boxes["b"].cancel()  # b went down with its controller
+
+        again = Controller(replace(first.settings, controller_grace=1.0), log=print, resume=journal)
+        await again.start()
+        readoption = again.readoption
+        assert readoption is not None
+        early: list[str] = []
+        assert isinstance(await walk_in(agent(again, "c"), early), AgentFailure)  # not during the grace
+        assert again.refused["window_closed"] == 1
+        await until(lambda: readoption.said, 10)  # b's grace ran out: lost, its rank free
+        supervisor, hub = again.supervisor, again.hub
+        assert supervisor is not None and hub is not None and supervisor.free() == (range(1, 2),)
+        boxes["c"] = asyncio.ensure_future(walk_in(agent(again, "c")))
+        await until(lambda: "c" in hub.training or "c" in hub.waiting, 30)
+        assert again.links["c"].ranks == range(1, 2) and not supervisor.failed
+        traffic = again.traffic
+        assert traffic is not None
+        await until(lambda: traffic.rounds.totals.get("c", 0.0) > 0, 30)  # c averages with a
+        go.write_text("")
+        assert await boxes["a"] == 0 and await boxes["c"] == 0
+        await asyncio.wait_for(again.finished.wait(), 20)
+        assert again.exit_code == 0, again.reason
+        timeline = [e.text for e in again.view.timeline.events()]
+        assert any("c (127.0.0.1) joined mid-run" in t and "in place of lost host b" in t for t in timeline)
+        await again.close()
+
+    run(body)

@@ -73,3 +73,22 @@ def test_a_rising_floor_answers_the_open_rounds_below_it_and_closes_their_ceilin
     assert links["a"].sent == [] and traffic.supervisor.stalls == {} and traffic.hub.missing(3) == set()
     traffic.resumed("b", 3)  # a lower word moves nothing
     assert traffic.hub.floor == 4 and len(links["b"].sent) == 1
+
+
+def test_a_walk_in_that_does_not_fit_is_refused_alone_and_the_world_averages_on() -> None:
+    traffic, links = world()
+    links["c"] = Link()
+    push(traffic, "a", 0, f32(1, 1))
+    push(traffic, "b", 0, f32(3, 3))  # the world averages 2 parameters
+    traffic.push("c", Average(round=0, join=True, params=3), b"", 0.0)  # another model
+    assert traffic.hub.waiting == frozenset() and "c" not in traffic.hub.training
+    traffic.push("c", Average(round=0, join=True, params=2), b"", 0.0)
+    traffic.push("c", Average(round=0, join=True, params=2), b"", 0.0)  # said twice
+    wrong, twice = (body["error"] for _, body, _ in links["c"].sent)
+    assert "averages 3 parameters, the world 2" in wrong and "builds another model" in wrong
+    assert "joined twice" in twice
+    push(traffic, "a", 1, f32(1, 1))
+    push(traffic, "b", 1, f32(3, 3))
+    kind, body, data = links["c"].sent[-1]  # round 1's average, whole: the walk-in's start
+    assert kind is wire.Kind.AVERAGED and body["round"] == 1 and body["last"] and data == f32(2, 2)
+    assert traffic.hub.training == {"a", "b", "c"}
