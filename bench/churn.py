@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.controller_restart import until
 from bench.walkins import fdl_command, free_port, stop
 from flodl_agent.controller.controller import Controller
 from flodl_agent.controller.elastic import Elastic
@@ -108,14 +109,6 @@ class Watch:
 
         traffic.joined = ready  # type: ignore[method-assign]
         traffic.rounds.closed = heard  # type: ignore[method-assign]
-
-
-async def until(predicate: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("not reached")
-        await asyncio.sleep(0.01)  # polling the controller's own state, as the page does
 
 
 async def world(work: Path, batches: int, every: float | None, churn_for: float) -> dict[str, Any]:

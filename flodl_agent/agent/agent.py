@@ -227,8 +227,9 @@ class Attempt:
         command = self.command(world)
         cwd = self.prepared.cwd if self.prepared is not None else None
         await self._compose_ranks(world, cwd, reader, writer, client)
+        said = "joined the training world mid-run" if world.midrun else "world formed"
         self.log(
-            f"world formed: {world.world_size} ranks; this host runs "
+            f"{said}: {world.world_size} ranks; this host runs "
             f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)}"
         )
         uplink = self.uplink = Uplink(reader, writer, client)

@@ -134,6 +134,12 @@ def config_show(file: Path, base: Path | None, as_json: bool) -> None:
         f"join_timeout {w['join_timeout']}s, hard cap {w['max_join_timeout']}s",
         markup=False,
     )
+    if (grows := ctl.join.elastic) is not None:
+        out.print(
+            f"elastic: walk-ins join the training world up to {grows.max_ranks} ranks "
+            f"(planes {', '.join(grows.planes)})",
+            markup=False,
+        )
 
 
 @config.command("schema")

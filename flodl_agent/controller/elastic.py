@@ -113,12 +113,15 @@ def refusal(elastic: Elastic | None, room: Room, offered: int) -> Refusal | None
             "retry in a moment (a --persist unit does)",
         )
     if place(room, offered) is None:
-        left = max(0, room.ceiling - room.numbered)
-        freed = max((len(span) for span in room.free), default=0)
+        left = room.ceiling - room.numbered
+        freed = max((len(span) for span in room.free), default=0)  # pragma: no mutate (None reads as 0)
+        room_words = f"{left} more" if left > 0 else "none more"
+        if freed:
+            room_words += f", and {freed} together where a lost host was"
         return Refusal(
             "ceiling",
-            f"the world is at its elastic ceiling: {room.numbered} of {room.ceiling} ranks numbered, "
-            f"room for {left} (and {freed} together where a lost host was), and this box offers {offered}",
+            f"the world is at its elastic ceiling of {room.ceiling} ranks ({room.numbered} numbered, "
+            f"room for {room_words}), and this box offers {offered}",
             "raise controller.join.elastic.max_ranks (or --elastic) for the next launch, "
             "or offer fewer devices",
         )

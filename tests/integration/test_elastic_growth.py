@@ -66,7 +66,8 @@ def test_a_walk_in_joins_a_training_cpu_plane_world_and_ends_with_the_same_weigh
         await ctl.start()
         formed = [asyncio.ensure_future(walk_in(agent(ctl, host))) for host in ("box-a", "box-b")]
         await until(lambda: ctl.hub is not None and ctl.hub.rounds_done == 3, timeout=60)
-        newcomer = asyncio.ensure_future(walk_in(agent(ctl, "box-c")))
+        said: list[str] = []
+        newcomer = asyncio.ensure_future(walk_in(agent(ctl, "box-c"), said))
         hub = ctl.hub
         assert hub is not None
         await until(lambda: "box-c" in hub.waiting, timeout=60)  # its ranks are ready
@@ -77,6 +78,7 @@ def test_a_walk_in_joins_a_training_cpu_plane_world_and_ends_with_the_same_weigh
         assert state["joined_ranks"] == 3 and state["phase"] == "training"
         go.touch()
         assert [await task for task in (*formed, newcomer)] == [0, 0, 0], notes
+        assert any(line.startswith("joined the training world mid-run: 3 ranks;") for line in said), said
         await ctl.finished.wait()
         assert ctl.exit_code == 0, ctl.reason
         assert hub.rounds_done == ROUNDS

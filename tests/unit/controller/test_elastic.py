@@ -44,8 +44,10 @@ def test_who_may_walk_into_a_training_world(
 
 def test_the_ceiling_refusal_says_how_much_room_is_left() -> None:
     refusal = elastic.refusal(ON, dataclasses.replace(ROOM, numbered=3), 2)
-    assert refusal is not None and "3 of 4 ranks" in refusal.reason and "room for 1" in refusal.reason
+    assert refusal is not None and "ceiling of 4 ranks (3 numbered, room for 1 more)" in refusal.reason
     assert "max_ranks" in refusal.fix
+    full = elastic.refusal(ON, dataclasses.replace(ROOM, numbered=4, free=(range(1, 2),)), 2)
+    assert full is not None and "room for none more, and 1 together where a lost host was" in full.reason
 
 
 def test_the_knob_checks_itself_and_its_planes_are_spelled_one_way() -> None:
@@ -146,3 +148,69 @@ def test_a_host_that_finished_its_part_is_not_a_newcomer() -> None:
     assert supervisor.finished("a")
     supervisor.exited("b", 2, 3)
     assert not supervisor.finished("b") and not supervisor.finished("nobody")
+
+
+# Every refusal as the walk-in reads it: its reason and its fix, word for word (the agent
+# prints both, and the controller logs the reason).
+SAID = [
+    (
+        None,
+        ROOM,
+        "join window closed (phase training): the world is frozen",
+        "join the next run instead, or launch with controller.join.elastic to let walk-ins in mid-run",
+    ),
+    (
+        ON,
+        dataclasses.replace(ROOM, shutdown=True),
+        "join window closed: the world is saving and stopping (ShutdownWithSave)",
+        "join the next run instead",
+    ),
+    (
+        ON,
+        dataclasses.replace(ROOM, finished=True),
+        "a host of this name already ran its ranks to a clean end in this run: a standing unit "
+        "re-dialling after its part must not start the job again",
+        "join the next run instead",
+    ),
+    (
+        ON,
+        dataclasses.replace(ROOM, plane="nccl"),
+        "this launch's nccl plane does not grow (elastic planes: cpu)",
+        "add nccl to controller.join.elastic.planes, or join the next run",
+    ),
+    (
+        ON,
+        dataclasses.replace(ROOM, process_group=True, averaging=False),
+        "the world is a torch.distributed process group (its ranks rendezvous, nothing averages "
+        "through the controller): it cannot take a rank live, and growth by re-formation is not built yet",
+        "join the next run instead",
+    ),
+    (
+        ON,
+        dataclasses.replace(ROOM, averaging=False),
+        "the world has not averaged a round yet: a walk-in joins a world that averages "
+        "through the controller",
+        "retry in a moment (a --persist unit does)",
+    ),
+    (
+        ON,
+        dataclasses.replace(ROOM, numbered=4),
+        "the world is at its elastic ceiling of 4 ranks (4 numbered, room for none more), "
+        "and this box offers 1",
+        "raise controller.join.elastic.max_ranks (or --elastic) for the next launch, or offer fewer devices",
+    ),
+]
+
+
+@pytest.mark.parametrize(("config", "room", "reason", "fix"), SAID)
+def test_each_refusal_says_why_and_the_fix(config: Elastic | None, room: Room, reason: str, fix: str) -> None:
+    refusal = elastic.refusal(config, room, 1)
+    assert refusal is not None and (refusal.reason, refusal.fix) == (reason, fix)
+
+
+def test_a_ceiling_of_one_rank_is_a_ceiling_and_a_bad_plane_names_the_good_ones() -> None:
+    assert Elastic(1).max_ranks == 1
+    with pytest.raises(ValueError, match=r"^elastic planes must be among cpu, nccl, not \['gpu'\]$"):
+        Elastic(4, ("cpu", "gpu"))
+    with pytest.raises(ValueError, match=r"^elastic max_ranks is 0: a world holds at least one rank$"):
+        Elastic(0)

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from flodl_agent.train.hub import Averaged, Hub, Mismatch
-
-
-def f32(*values: float) -> bytes:
-    return np.array(values, dtype=np.float32).tobytes()
-
-
-def floats(piece: Averaged) -> list[float]:
-    return np.frombuffer(piece.data, np.float32).tolist()
+from flodl_agent.train.hub import Hub, Mismatch
+from tests.unit.train.test_hub import f32, floats
 
 
 def test_a_walk_in_before_a_round_opens_takes_that_round_whole_and_holds_it_up_never() -> None:
