@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import time
@@ -64,14 +65,21 @@ class Tunnel:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
+        try:
+            await self._forwarding(self.proc)
+        except BaseException:
+            # Failed, timed out or cancelled (the agent stopping): never leave an ssh, or its
+            # pipes for the collector to find after the loop closed, behind.
+            await self.__aexit__()
+            raise
+        return self
+
+    async def _forwarding(self, proc: asyncio.subprocess.Process) -> None:
+        """Until ssh's forward takes a connection; why not, when ssh exits or the time runs out."""
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
-            if self.proc.returncode is not None:
-                err = (
-                    (await self.proc.stderr.read()).decode(errors="replace").strip()
-                    if self.proc.stderr
-                    else ""
-                )
+            if proc.returncode is not None:
+                err = (await proc.stderr.read()).decode(errors="replace").strip() if proc.stderr else ""
                 if mismatch := host_key_mismatch(f"the ssh tunnel to {self.ssh.target}", err):
                     raise Permanent(mismatch.message, mismatch.fix)  # never re-dial a man in the middle
                 raise Transient(
@@ -87,15 +95,20 @@ class Tunnel:
                 await asyncio.sleep(0.05)  # polling a port that ssh opens when ready; nothing to wait on
                 continue
             w.close()
-            return self
-        await self.__aexit__()  # never leave an ssh behind for the next attempt to trip over
+            return
         raise Transient("the ssh tunnel did not come up in time", "check that the ssh host is reachable")
 
     async def __aexit__(self, *_: object) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            proc.terminate()
             try:
-                await asyncio.wait_for(self.proc.wait(), self.grace)
+                await asyncio.wait_for(proc.wait(), self.grace)
             except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+                proc.kill()
+        await proc.wait()
+        if proc.stderr is not None:  # to its end: the pipe closes, and with it the transport
+            with contextlib.suppress(TimeoutError):  # a child of ssh's may still hold it open
+                await asyncio.wait_for(proc.stderr.read(), self.grace)
