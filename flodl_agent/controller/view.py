@@ -85,6 +85,7 @@ class Shown(Protocol):
     traffic: Traffic | None
     board: RankBoard
     port: int
+    ceiling: int  # an elastic launch's ceiling of ranks (0: the world is frozen)
 
     @property
     def dropped(self) -> Counter[str]: ...
@@ -175,6 +176,7 @@ class ControllerView:
                 "admitted": ctl.admitted,
                 "refused": dict(ctl.refused),
                 "dropped": dict(ctl.dropped),
+                "elastic": {"max_ranks": ctl.ceiling} if ctl.ceiling else None,
                 "averaging": (
                     {
                         "rounds": ctl.hub.rounds_done,
@@ -191,7 +193,8 @@ class ControllerView:
         """After losses, the renormalized world (the survivors) replaces the window's counts, so
         the headline, the page and /metrics count who trains on, not who formed the world."""
         supervisor = self.ctl.supervisor
-        if supervisor is None or not supervisor.failed:
+        # A grown world counts who holds ranks now: a lost host whose ranks a walk-in took is gone.
+        if supervisor is None or not (supervisor.failed or self.ctl.ceiling):
             return {"lost_ranks": []}
         ranks, hosts = supervisor.world_now()
         return {"joined_ranks": ranks, "joined_hosts": hosts, "lost_ranks": sorted(supervisor.failed)}

@@ -214,12 +214,18 @@ def _lost(state: dict[str, Any]) -> str:
     return f", {'ranks' if len(lost) > 1 else 'rank'} {', '.join(map(str, lost))} lost"
 
 
+def _elastic(state: dict[str, Any]) -> str:
+    """An elastic launch's ceiling (walk-ins join the training world up to it)."""
+    ceiling = _map(state.get("elastic")).get("max_ranks")
+    return f", elastic to {ceiling}" if isinstance(ceiling, int) and not isinstance(ceiling, bool) else ""
+
+
 def render(state: dict[str, Any]) -> list[Text | Table]:
     target = state.get("target")
     out = _head(
         state.get("phase"),
         f"  {state.get('joined_ranks', 0)} ranks on {state.get('joined_hosts', 0)} hosts{_lost(state)}"
-        f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'})"
+        f" (quorum {state.get('quorum')}, target {target if target is not None else 'none'}{_elastic(state)})"
         f"  start {state.get('start')}{' (armed)' if state.get('armed') else ''}"
         f"  window {_clock(state.get('window_left_s'))}  hard cap {_clock(state.get('cap_left_s'))}",
         state.get("failure"),

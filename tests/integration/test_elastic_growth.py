@@ -144,6 +144,9 @@ def test_a_lost_hosts_ranks_go_to_the_next_walk_in_and_the_budget_heals(tmp_path
         await until(lambda: "box-d" in hub.waiting, timeout=60)
         assert ctl.links["box-d"].ranks == range(1, 2) and not supervisor.failed  # the budget healed
         assert ctl.window.joined_ranks == 2  # nothing more numbered: the ceiling holds
+        state = ctl.view.state()  # who holds ranks now: box-b is gone, box-d holds its rank
+        assert (state["joined_ranks"], state["joined_hosts"], state["lost_ranks"]) == (2, 2, [])
+        assert state["elastic"] == {"max_ranks": 2}
         go.touch()
         assert [await task for task in (*formed, newcomer)][0::2] == [0, 0], notes  # box-b failed
         await ctl.finished.wait()

@@ -108,7 +108,10 @@ def test_a_walk_in_into_the_training_world_shows_the_step_it_joined_at() -> None
         {"host": "box-c", "ranks": [3, 4], "devices": ["cpu:0"], "variant": "cpu", "joined_at": 999.0}
         | {"midrun_step": 812}
     )
+    assert "elastic" not in shown(render(grown))  # a frozen world says nothing of it
+    grown["elastic"] = {"max_ranks": 8}
     text = shown(render(grown))
+    assert "(quorum 2, target 3, elastic to 8)" in text
     row = next(line for line in text.splitlines() if "box-c" in line)
     assert "(mid-run, step 812)" in row
     assert "mid-run" not in next(line for line in text.splitlines() if "box-b" in line)
