@@ -109,7 +109,7 @@ async def ask(argv: list[str], stdin: bytes | None, timeout: float) -> tuple[int
     )
     try:
         out, errout = await asyncio.wait_for(proc.communicate(stdin), timeout)
-    except TimeoutError:
+    except BaseException:  # timed out, or cancelled (a probe stopped): no ssh stays behind
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()

@@ -116,3 +116,33 @@ def test_the_plan_passes_the_workers_arch_and_path_and_the_spec_names_the_varian
     assert decode(a.stdin.decode()).libtorch == "cu126"
     assert decode(b.stdin.decode()).libtorch == "precompiled/cu128"
     assert decode(c.stdin.decode()).libtorch is None
+
+
+def test_an_ssh_session_cancelled_or_timed_out_leaves_no_process_behind(tmp_path: Path) -> None:
+    import asyncio
+    import sys
+
+    from flodl_agent.fleet.fanout import ask
+
+    pid = tmp_path / "pid"
+    writes = f"import os, time; open({str(pid)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    hangs = [sys.executable, "-c", writes]
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(ask(hangs, None, 60))
+        while not pid.exists() or not pid.read_text():
+            await asyncio.sleep(0.01)  # the session writes its pid when it runs
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    def gone() -> None:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid.read_text()), 0)
+
+    asyncio.run(cancelled())
+    gone()
+    pid.unlink()
+    with pytest.raises(TimeoutError):
+        asyncio.run(ask(hangs, b"", 2.0))
+    gone()
