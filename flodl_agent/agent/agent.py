@@ -44,7 +44,7 @@ from ..protocol.tunnel import Tunnel
 from ..retry import BACKOFF_START, AgentFailure, Backoff, Permanent, Transient
 from ..sources.build import entry_command
 from ..train.averaging import AverageRelay
-from ..train.rendezvous import StreamRelay, serve_store, warm_store
+from ..train.rendezvous import StreamRelay, warm_store
 from . import contained
 from .box import box_offer, get_ready, this_box
 from .containers import ComposeRanks, check_service
@@ -54,6 +54,7 @@ from .options import AgentOptions
 from .prepare import Prepared
 from .rank_env import rank_envs, reason_file
 from .rank_io import CANNOT_EXECUTE, hang_up, heartbeat, start_failure
+from .regrowth import Regrowth, fresh_store, rendezvous
 from .uplink import Uplink
 from .watch import link_events, reported, supervise
 
@@ -228,17 +229,20 @@ class Attempt:
         cwd = self.prepared.cwd if self.prepared is not None else None
         await self._compose_ranks(world, cwd, reader, writer, client)
         said = "joined the training world mid-run" if world.midrun else "world formed"
+        if world.restart_count:  # a walk-in into a process group: it re-formed with this host in it
+            said = f"world re-formed (restart {world.restart_count}) with this host"
         self.log(
             f"{said}: {world.world_size} ranks; this host runs "
             f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)}"
         )
         uplink = self.uplink = Uplink(reader, writer, client)
-        relay, store, store_port = await self._rendezvous(world, uplink)
+        relay, store, store_port = await rendezvous(mine.first_rank, uplink, self.log)
         averager = AverageRelay(list(range(mine.first_rank, mine.first_rank + mine.count)), uplink.stream)
         plane = averager.env(await averager.listen())
         # From here the link is its own protocol: the average's pieces land in shared memory.
         client.codec.sink = averager.destination
-        events = link_events(relay, averager)
+        regrowth = Regrowth()
+        events = link_events(relay, averager, regrowth)
         uplink.link = take_over(reader, writer, client, events)
         grace = self._grace(world, uplink, averager, relay, events)
         # Progress reports live beside the plane's segments: the run's private directory.
@@ -246,23 +250,19 @@ class Attempt:
             r: averager.directory / f"metrics-{r}.json"
             for r in range(mine.first_rank, mine.first_rank + mine.count)
         }
-        envs = self.rank_env(world, road, store_port, plane, reports, inherit=self.compose is None)
-        for local, env in enumerate(envs):
-            try:
-                self.children.append(await self._spawn(mine.first_rank + local, command, env, cwd, averager))
-            except (OSError, ValueError) as exc:  # the run's failure, not the box's: said, then re-dial
-                await relay.close()
-                await averager.close()  # its shared-memory directory goes with it
-                await self._kill_children()
-                await self._could_not_start(mine, reader, writer, client, *start_failure(command, exc))
-        ranks = [
-            asyncio.ensure_future(self._rank(proc, mine.first_rank + local, uplink, averager))
-            for local, proc in enumerate(self.children)
-        ]
         abort = asyncio.ensure_future(grace.keep())
         beat = asyncio.ensure_future(heartbeat(uplink, reports, self.options.heartbeat_every))
         try:
-            codes = await supervise(ranks, abort, relay, serving=store is not None)
+            while True:  # one pass per world: a process group re-formed to grow runs again
+                envs = self.rank_env(world, road, store_port, plane, reports, inherit=self.compose is None)
+                ranks = await self._start(envs, mine, command, cwd, uplink, averager, relay, client)
+                codes = await supervise(ranks, abort, relay, serving=store is not None, reform=regrowth.asked)
+                if codes is not None:
+                    break
+                world = await self._reform(world, ranks, regrowth, abort)
+                if store is not None:  # the stopped world's keys must not meet the new one's
+                    del store
+                    store, store_port = await fresh_store(relay, self.log)
             if not uplink.up.is_set():  # the ranks ended while the controller was away
                 await reported(uplink, abort)
         finally:
@@ -275,13 +275,64 @@ class Attempt:
                 await self.compose.stop(KILL_GRACE)  # while the directory they mount is still there
             await relay.close()
             await averager.close()
-            del store
+            store = None
         await uplink.link.drain()  # the last pieces it queued go before the half-close
         await hang_up(uplink.reader, uplink.writer)
         if any(c != 0 for c in codes):
             self.log(ranks_failed(self.options.host, dict(enumerate(codes, mine.first_rank))))
             return TRANSIENT
         return CLEAN
+
+    async def _start(
+        self,
+        envs: list[dict[str, str]],
+        mine: HostEnvelope,
+        command: list[str],
+        cwd: Path | None,
+        uplink: Uplink,
+        averager: AverageRelay,
+        relay: StreamRelay,
+        client: JoinClient,
+    ) -> list[asyncio.Future[int]]:
+        """This host's ranks, started and watched; ranks that cannot start are the run's failure."""
+        for local, env in enumerate(envs):
+            try:
+                self.children.append(await self._spawn(mine.first_rank + local, command, env, cwd, averager))
+            except (OSError, ValueError) as exc:  # the run's failure, not the box's: said, then re-dial
+                await relay.close()
+                await averager.close()  # its shared-memory directory goes with it
+                await self._kill_children()
+                await self._could_not_start(
+                    mine, uplink.reader, uplink.writer, client, *start_failure(command, exc)
+                )
+        return [
+            asyncio.ensure_future(self._rank(proc, mine.first_rank + local, uplink, averager))
+            for local, proc in enumerate(self.children)
+        ]
+
+    async def _reform(
+        self,
+        world: WorldFormed,
+        ranks: list[asyncio.Future[int]],
+        regrowth: Regrowth,
+        abort: asyncio.Task[str],
+    ) -> WorldFormed:
+        """The controller re-forms the world: this host's ranks stop (their exits reported as
+        they end), and the new world's share comes on the same link."""
+        self.log(f"the world re-forms (restart {regrowth.restart}): stopping this host's ranks")
+        await self._kill_children()
+        await asyncio.gather(*ranks, return_exceptions=True)  # each said its exit
+        self.children.clear()
+        self.contained.clear()
+        again = await regrowth.next_world(abort)
+        mine, now = world.host, again.host
+        if (now.host, now.first_rank, now.count) != (mine.host, mine.first_rank, mine.count):
+            raise Transient(f"the re-formed world moved this host's ranks (to {now.first_rank}+{now.count})")
+        self.log(
+            f"world re-formed (restart {again.restart_count}): {again.world_size} ranks; this host runs "
+            f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)} again"
+        )
+        return again
 
     async def _compose_ranks(
         self,
@@ -354,24 +405,6 @@ class Attempt:
         exited = {"rank": rank, "code": code} | ({"reason": said} if said else {})
         uplink.send(wire.Kind.RANK_EXITED, exited)
         return code
-
-    async def _rendezvous(self, world: WorldFormed, uplink: Uplink) -> tuple[StreamRelay, Any, int]:
-        """The store (on rank 0's host) or a relay to it: the relay, the store, the ranks' port."""
-
-        def send(sid: int, data: bytes, end: bool) -> None:
-            uplink.send(wire.Kind.STREAM, {"id": sid, "data": data, "end": end})
-
-        if world.host.first_rank != 0:
-            relay = StreamRelay(send)
-            return relay, None, await relay.listen()
-        try:
-            store, port = await asyncio.get_running_loop().run_in_executor(None, serve_store)
-        except (ImportError, RuntimeError, OSError) as exc:
-            # Scripts that never rendezvous (no torch.distributed) still run.
-            self.log(f"note: no rendezvous store on this host ({exc}); env:// rendezvous will fail")
-            relay = StreamRelay(send)
-            return relay, None, await relay.listen()
-        return StreamRelay(send, store_port=port), store, port
 
     async def _kill_children(self) -> None:
         if self.compose is not None:

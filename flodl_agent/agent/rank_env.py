@@ -84,7 +84,7 @@ def rank_envs(
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(store_port),
             TORCHELASTIC_USE_AGENT_STORE="True",
-            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_RESTART_COUNT=str(world.restart_count),  # a re-formed world's: one more each time
             TORCHELASTIC_RUN_ID=world.launch or "flodl",
             FLODL_CONTROLLER=road,
             **(plane or {}),

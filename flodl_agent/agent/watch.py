@@ -12,22 +12,30 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..protocol.join_protocol import Aborted, Event, Message
-from ..protocol.messages import Averaged, Stream
+from ..protocol.join_protocol import Aborted, Event, Formed, Message
+from ..protocol.messages import Averaged, Reform, Stream
 from ..protocol.streams import LinkEnded
 from ..retry import Transient
 from ..train.averaging import AverageRelay
 from ..train.rendezvous import StreamRelay
+from .regrowth import Regrowth
 from .uplink import Uplink
 
 
-def link_events(relay: StreamRelay, averager: AverageRelay) -> Callable[[Event], None]:
-    """What the link brings while the ranks train: store bytes, averages, the controller's abort."""
+def link_events(
+    relay: StreamRelay, averager: AverageRelay, regrowth: Regrowth | None = None
+) -> Callable[[Event], None]:
+    """What the link brings while the ranks train: store bytes, averages, the controller's abort,
+    and a process-group world's re-formation (the request to stop, then the new world)."""
 
     def on_event(event: Event) -> None:
         if isinstance(event, Aborted):
             raise LinkEnded(f"the controller aborted the run: {event.reason}")
-        if isinstance(event, Message) and isinstance(event.message, Stream):
+        if regrowth is not None and isinstance(event, Formed):
+            regrowth.formed(event.world)
+        elif regrowth is not None and isinstance(event, Message) and isinstance(event.message, Reform):
+            regrowth.ask(event.message)
+        elif isinstance(event, Message) and isinstance(event.message, Stream):
             relay.feed(event.message.id, event.message.data, event.message.end)
         elif isinstance(event, Message) and isinstance(event.message, Averaged):
             averager.deliver(event.message.model_dump(), event.blob)
@@ -36,13 +44,26 @@ def link_events(relay: StreamRelay, averager: AverageRelay) -> Callable[[Event],
 
 
 async def supervise(
-    ranks: Sequence[asyncio.Task[int]], abort: asyncio.Task[str], relay: StreamRelay, serving: bool
-) -> list[int]:
+    ranks: Sequence[asyncio.Future[int]],
+    abort: asyncio.Task[str],
+    relay: StreamRelay,
+    serving: bool,
+    reform: asyncio.Event | None = None,
+) -> list[int] | None:
     """The ranks' exit codes once all ended (the store, when ``serving`` it, kept up for the other
-    hosts); the link ending first cancels them and fails the attempt (transient)."""
-    pending: set[asyncio.Future[Any]] = {abort, *ranks}
-    while abort in pending and len(pending) > 1:
-        _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    hosts); None when the controller asked for a re-formation (``reform``) first; the link
+    ending first cancels them and fails the attempt (transient)."""
+    asked = asyncio.ensure_future(reform.wait()) if reform is not None else None
+    watched: set[asyncio.Future[Any]] = {abort} | ({asked} if asked is not None else set())
+    pending: set[asyncio.Future[Any]] = {*watched, *ranks}
+    try:
+        while watched <= pending and pending - watched:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if asked is not None:
+            asked.cancel()
+    if asked is not None and asked.done() and not asked.cancelled() and not abort.done():
+        return None  # the ranks stop for the re-formation (the agent's _reform)
     if abort.done():
         for task in ranks:
             task.cancel()

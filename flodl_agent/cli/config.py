@@ -137,7 +137,8 @@ def config_show(file: Path, base: Path | None, as_json: bool) -> None:
     if (grows := ctl.join.elastic) is not None:
         out.print(
             f"elastic: walk-ins join the training world up to {grows.max_ranks} ranks "
-            f"(planes {', '.join(grows.planes)})",
+            f"(planes {', '.join(grows.planes)}; a process group re-forms at most every "
+            f"{grows.reform_interval}s)",
             markup=False,
         )
 

@@ -34,10 +34,16 @@ class ClusterBuilder:
         self._join.update(knobs)
         return self
 
-    def elastic(self, max_ranks: int, planes: Iterable[str] = ("cpu",)) -> ClusterBuilder:
+    def elastic(
+        self, max_ranks: int, planes: Iterable[str] = ("cpu",), reform_interval: int | None = None
+    ) -> ClusterBuilder:
         """``cluster.controller.join.elastic``: walk-ins join the training world up to
-        ``max_ranks``, on these launch planes."""
-        self._join["elastic"] = {"max_ranks": max_ranks, "planes": list(planes)}
+        ``max_ranks``, on these launch planes (a process group re-forming at most every
+        ``reform_interval`` seconds; None: the default)."""
+        block: dict[str, object] = {"max_ranks": max_ranks, "planes": list(planes)}
+        if reform_interval is not None:
+            block["reform_interval"] = reform_interval
+        self._join["elastic"] = block
         return self
 
     def worker(self, host: str, **fields: Any) -> ClusterBuilder:

@@ -7,10 +7,20 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from ..address import is_loopback
-from .fields import DEFAULT_JOIN_TIMEOUT, DEFAULT_MAX_JOIN_TIMEOUT, Model, Ranks, Seconds, Token, check
+from .fields import (
+    DEFAULT_JOIN_TIMEOUT,
+    DEFAULT_MAX_JOIN_TIMEOUT,
+    MAX_SECONDS,
+    Model,
+    Ranks,
+    Seconds,
+    Token,
+    check,
+)
 from .problems import Rule, fail
 
 DEFAULT_CONTROLLER_GRACE = 120
+DEFAULT_REFORM_INTERVAL = 60  # seconds between re-formations of a process-group world
 MAX_CEILING = 1_000_000  # ranks: 8 MB of timing slots a round at the most
 
 
@@ -36,7 +46,14 @@ class ElasticWindow(Model):
         ["cpu"],
         json_schema_extra={"minItems": 1, "uniqueItems": True},
         description="the launch planes whose world grows: a CPU-plane world that averages through "
-        "the controller grows live",
+        "the controller grows live, a torch.distributed process group by re-formation",
+    )
+    reform_interval: int = Field(
+        DEFAULT_REFORM_INTERVAL,
+        ge=0,
+        le=MAX_SECONDS,
+        description="seconds a process-group world trains between two re-formations (a walk-in "
+        "that arrives sooner waits): a flapping box cannot stall the run with restarts",
     )
 
 

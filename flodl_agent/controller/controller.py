@@ -41,6 +41,7 @@ from .journal import Journal
 from .journaling import restored
 from .listener import Listener, Timeouts
 from .readoption import Readoption
+from .reforming import Reforming
 from .settings import Settings
 from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
 from .traffic import RoundFailed, Traffic
@@ -53,7 +54,7 @@ from .window import Fail, Form, Keep, Window
 FREEZE_EVERY = 256
 
 
-class Controller(Hellos, Forming):
+class Controller(Hellos, Forming, Reforming):
     def __init__(
         self,
         settings: Settings,
@@ -164,7 +165,7 @@ class Controller(Hellos, Forming):
         self._apply(self.window.decide(self.clock()))
 
     async def close(self) -> None:
-        for timer in (self._timer, self._watch, self._grace):
+        for timer in (self._timer, self._watch, self._grace, self._reform_timer):
             if timer is not None:
                 timer.cancel()
         await self.listener.close()
@@ -370,6 +371,8 @@ class Controller(Hellos, Forming):
         supervisor = self.supervisor
         if supervisor is not None and exited.rank in supervisor.exits.get(host, {}):
             return  # a host walking back in says again what it said before the gap
+        if self._stopped_for_reform(host, exited):
+            return
         if supervisor is None or not supervisor.exited(host, exited.rank, exited.code):
             self.dropped["rank"] += 1  # not one of this host's ranks: ignore, never count
             return
@@ -409,7 +412,7 @@ class Controller(Hellos, Forming):
 
     def _closed(self, host: str) -> None:
         phase = self.window.phase
-        if phase in ("done", "failed") or self.handed_off:
+        if phase in ("done", "failed") or self.handed_off or self._held_left(host):
             return
         if self.readoption is not None:
             self.readoption.lost.add(host)  # handled as lost: it may not resume after this

@@ -20,8 +20,8 @@ run's end must not start the job again).
 Live growth is for a world that averages through the controller (the CPU plane's hub):
 a newcomer takes the next round's average and is counted from the round after. A world
 seen as a torch.distributed process group (its ranks rendezvous, nothing averages) is a
-fixed-size group: it grows by re-formation, which is not built yet, so such a walk-in is
-refused (transiently: its ``--persist`` unit stays up for the next launch).
+fixed-size group: it grows by re-formation (``reformation``), its walk-ins held until the
+world restarts with them.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Elastic:
 
     max_ranks: int
     planes: tuple[str, ...] = ("cpu",)
+    reform_interval: float = 60.0  # seconds a process-group world trains between re-formations
 
     def __post_init__(self) -> None:
         if self.max_ranks < 1:
@@ -46,6 +47,8 @@ class Elastic:
         unknown = set(self.planes) - set(PLANES)
         if unknown or not self.planes:
             raise ValueError(f"elastic planes must be among {', '.join(PLANES)}, not {sorted(unknown)}")
+        if self.reform_interval < 0:
+            raise ValueError(f"elastic reform_interval is {self.reform_interval}: seconds, 0 or more")
         # Sorted and once each: the settings' digest (a restart's "same launch?") must not
         # depend on how the planes were spelled.
         object.__setattr__(self, "planes", tuple(sorted(set(self.planes))))
@@ -61,7 +64,7 @@ class Room:
 
     plane: str  # the launch's plane
     ceiling: int  # the launch's ceiling of ranks (``Elastic.ceiling``)
-    numbered: int  # rank numbers handed out so far (the next walk-in's first rank)
+    numbered: int  # rank numbers handed out so far, held walk-ins' too (the next walk-in's first rank)
     averaging: bool  # the world averages through the controller (a round was seen)
     process_group: bool  # a far rank rendezvoused and nothing averages: a torch.distributed group
     shutdown: bool  # ShutdownWithSave is under way
@@ -97,15 +100,7 @@ def refusal(elastic: Elastic | None, room: Room, offered: int) -> Refusal | None
             f"this launch's {room.plane} plane does not grow (elastic planes: {', '.join(elastic.planes)})",
             f"add {room.plane} to controller.join.elastic.planes, or join the next run",
         )
-    if room.process_group:
-        return Refusal(
-            "not_elastic",
-            "the world is a torch.distributed process group (its ranks rendezvous, nothing averages "
-            "through the controller): it cannot take a rank live, and growth by re-formation "
-            "is not built yet",
-            "join the next run instead",
-        )
-    if not room.averaging:
+    if not room.averaging and not room.process_group:  # a process group grows by re-formation
         return Refusal(
             "not_yet",
             "the world has not averaged a round yet: a walk-in joins a world that averages "

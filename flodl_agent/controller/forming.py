@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..config.ranks import rank_span, world_ranges
 from ..observe.metrics import RankBoard
@@ -25,6 +26,7 @@ from . import elastic
 from .admission import Cohort, Refusal
 from .host_link import Link
 from .listener import Listener, Timeouts
+from .reformation import Reformation
 from .settings import Settings
 from .supervision import Supervisor
 from .traffic import Traffic
@@ -51,12 +53,17 @@ class Forming:
     clock: Callable[[], float]
     note: Callable[[str, str], None]
     ceiling = 0  # an elastic launch's ceiling of ranks, fixed at formation (0: not elastic)
+    reformation: Reformation | None = None  # a process-group world's growth (Reforming)
 
     def _apply(self, decision: Keep | Form | Fail) -> None: ...
     def _rearm(self) -> None: ...
     def _register(self, link: Link, first: int) -> None: ...
 
-    def _common(self, size: int, hosts: int, midrun: bool = False) -> wire.SharedMap:
+    if TYPE_CHECKING:  # the re-formation half's (Reforming): a stub here would shadow it in the MRO
+
+        def _hold(self, link: Link, writer: asyncio.StreamWriter, conn: JoinServer) -> None: ...
+
+    def _common(self, size: int, hosts: int, midrun: bool = False, restart: int = 0) -> wire.SharedMap:
         """What every host's share of the world says alike, packed once."""
         return wire.SharedMap.of(
             {
@@ -68,6 +75,7 @@ class Forming:
                 "controller_grace": self.settings.controller_grace,
                 "max_world_size": self.ceiling,
                 "midrun": midrun,
+                "restart_count": restart,
             }
         )
 
@@ -91,6 +99,7 @@ class Forming:
         size = next(reversed(world.values())).stop if world else 0
         if self.settings.elastic is not None:
             self.ceiling = self.settings.elastic.ceiling(size)
+            self.reformation = Reformation(self.settings.elastic.reform_interval, self.clock())
             # After the freeze the ceiling, not the roster's room, bounds who walks in.
             self.cohort.roster = replace(self.cohort.roster, room=None)
         common = self._common(size, len(world))  # each host's frame adds its own share
@@ -135,10 +144,11 @@ class Forming:
         """The training world as growth's rules see a walk-in named ``host``."""
         supervisor, traffic = self.supervisor, self.traffic
         averaging = traffic is not None and traffic.averaging
+        held = self.reformation.waiting if self.reformation is not None else 0
         return elastic.Room(
             plane=self.settings.plane,
             ceiling=self.ceiling,
-            numbered=self.window.joined_ranks,
+            numbered=self.window.joined_ranks + held,
             averaging=averaging,
             process_group=supervisor is not None and supervisor.rendezvous and not averaging,
             shutdown=supervisor is not None and bool(supervisor.shutdown),
@@ -157,7 +167,11 @@ class Forming:
         hello, now = link.hello, self.clock()
         supervisor = self.supervisor
         assert supervisor is not None  # only a formed world grows
-        ranks = elastic.place(self._room(hello.host), len(hello.devices))
+        room = self._room(hello.host)
+        if room.process_group:  # a fixed-size group: it grows by re-formation (Reforming)
+            self._hold(link, writer, conn)
+            return
+        ranks = elastic.place(room, len(hello.devices))
         assert ranks is not None  # _admit asked elastic.refusal, on the same room
         self.window.grow(hello.host, ranks, now)
         link.ranks = ranks

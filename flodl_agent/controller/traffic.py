@@ -127,6 +127,15 @@ class Traffic:
             self.supervisor.round_closed(piece.round)
         self._send(abandoned)
 
+    def reformed(self, hosts: list[str], supervisor: Supervisor) -> None:
+        """The world re-formed (a process group grown by restart): a new supervision over its
+        hosts, the stream table kept (rank 0's host serves the store still, and its stream
+        numbers go on, so that a stopped rank's last frames never meet a new rank's)."""
+        if hosts[0] != self.streams.store_host:
+            raise ValueError(f"the re-formed world's rank 0 is on {hosts[0]}, not the store's host")
+        self.supervisor = supervisor
+        self.hub = Hub(set(hosts))
+
     def deliver(self, pieces: list[Averaged]) -> None:
         """Pieces of averages, to every host of their round (the same bytes to each: no copy)."""
         for piece in pieces:

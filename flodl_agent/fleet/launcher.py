@@ -231,7 +231,7 @@ def elastic_for(join: JoinWindow, options: LaunchOptions) -> Elastic | None:
     when the file has no elastic block); ``None`` when neither asks, the frozen world."""
     block = join.elastic
     if options.elastic is None:
-        return None if block is None else Elastic(block.max_ranks, tuple(block.planes))
+        return None if block is None else Elastic(block.max_ranks, tuple(block.planes), block.reform_interval)
     # The file's own ceiling was held to its window when it loaded; the flag is checked here.
     if below := ceiling_floor(join, options.elastic):
         name, floor = below
@@ -240,7 +240,9 @@ def elastic_for(join: JoinWindow, options: LaunchOptions) -> Elastic | None:
             "the ceiling would be below the world the window forms",
             f"pass --elastic {floor} or more, or lower {name}",
         )
-    return Elastic(options.elastic, tuple(block.planes) if block else ("cpu",))
+    if block is None:
+        return Elastic(options.elastic)
+    return Elastic(options.elastic, tuple(block.planes), block.reform_interval)
 
 
 def check_tls_files(cluster: Cluster) -> None:

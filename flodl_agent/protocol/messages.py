@@ -194,6 +194,9 @@ class WorldFormed(Msg):
     # by it, so the world can grow without the parameters' count changing.
     max_world_size: int = Field(0, ge=0, lt=2**31)
     midrun: bool = False  # this host walked into a training world: its ranks sync before a step
+    # How often this launch's process-group world re-formed before this share (growth by
+    # re-formation): the ranks' TORCHELASTIC_RESTART_COUNT.
+    restart_count: int = Field(0, ge=0, lt=2**31)
 
 
 class RankExited(Msg):
@@ -205,6 +208,15 @@ class RankExited(Msg):
 
 class Abort(Msg):
     reason: str
+
+
+class Reform(Msg):
+    """A process-group world re-forms to take walk-ins in: stop this host's ranks (as
+    torchelastic's agent does, SIGTERM then the kill) and wait on the link for the new world,
+    whose ranks start with ``restart`` as their TORCHELASTIC_RESTART_COUNT."""
+
+    restart: int = Field(ge=1, lt=2**31)
+    reason: Short = ""
 
 
 class Average(Msg):
@@ -278,6 +290,7 @@ _BODIES: dict[Kind, type[Msg]] = {
     Kind.WORLD_FORMED: WorldFormed,
     Kind.RANK_EXITED: RankExited,
     Kind.ABORT: Abort,
+    Kind.REFORM: Reform,
     Kind.STREAM: Stream,
     Kind.AVERAGE: Average,
     Kind.AVERAGED: Averaged,

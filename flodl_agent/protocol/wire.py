@@ -75,6 +75,7 @@ class Kind(IntEnum):
     STREAM = 12  # a rendezvous stream's bytes, carried on a control link
     AVERAGE = 13  # the CPU plane: a host's folded parameters for a round
     AVERAGED = 14  # the CPU plane: the round's average
+    REFORM = 15  # a process-group world re-forms: stop the ranks, a new WorldFormed follows
 
 
 BLOB_KINDS = frozenset({Kind.AVERAGE, Kind.AVERAGED})

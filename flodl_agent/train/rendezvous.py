@@ -150,6 +150,11 @@ class StreamRelay:
                 writer.chunks.clear()  # a store connection still opening: nothing of the cut stream
             writer.close()
 
+    def serve(self, store_port: int) -> None:
+        """A fresh store serves the streams opened from now on (a re-formed world's: reusing the
+        old one would hand its ranks the stopped world's keys)."""
+        self._store_port = store_port
+
     def link_back(self) -> None:
         """A new link carries the streams: new ones route as usual."""
         self._linked = True

@@ -6,10 +6,12 @@ import dataclasses
 
 import pytest
 
+from flodl_agent.config.join_window import JoinWindow
 from flodl_agent.controller import elastic
 from flodl_agent.controller.elastic import Elastic, Room
 from flodl_agent.controller.supervision import Evict, Limits, Supervisor
 from flodl_agent.controller.window import Window, WindowClosed, WindowConfig
+from flodl_agent.fleet.launcher import LaunchOptions, elastic_for
 
 ROOM = Room(plane="cpu", ceiling=4, numbered=2, averaging=True, process_group=False, shutdown=False)
 ON = Elastic(4)
@@ -29,7 +31,15 @@ ON = Elastic(4)
         (ON, dataclasses.replace(ROOM, numbered=4, free=(range(1, 2),)), 2, "ceiling"),
         (ON, dataclasses.replace(ROOM, plane="nccl"), 1, "not_elastic"),
         (Elastic(4, ("nccl", "cpu")), dataclasses.replace(ROOM, plane="nccl"), 1, None),
-        (ON, dataclasses.replace(ROOM, process_group=True, averaging=False), 1, "not_elastic"),
+        # A process group grows by re-formation: it may take a walk-in before any round.
+        (ON, dataclasses.replace(ROOM, process_group=True, averaging=False), 1, None),
+        (ON, dataclasses.replace(ROOM, process_group=True, averaging=False, numbered=4), 1, "ceiling"),
+        (
+            ON,
+            dataclasses.replace(ROOM, process_group=True, averaging=False, shutdown=True),
+            1,
+            "window_closed",
+        ),
         (ON, dataclasses.replace(ROOM, averaging=False), 1, "not_yet"),
     ],
 )
@@ -59,6 +69,9 @@ def test_the_knob_checks_itself_and_its_planes_are_spelled_one_way() -> None:
         Elastic(4, ())
     assert Elastic(4, ("nccl", "cpu", "cpu")).planes == ("cpu", "nccl")  # the digest's one form
     assert Elastic(4).ceiling(2) == 4 and Elastic(4).ceiling(6) == 6  # never below the formed world
+    with pytest.raises(ValueError, match="reform_interval is -1"):
+        Elastic(4, reform_interval=-1)
+    assert Elastic(4, reform_interval=0).reform_interval == 0
 
 
 def config() -> WindowConfig:
@@ -180,13 +193,6 @@ SAID = [
     ),
     (
         ON,
-        dataclasses.replace(ROOM, process_group=True, averaging=False),
-        "the world is a torch.distributed process group (its ranks rendezvous, nothing averages "
-        "through the controller): it cannot take a rank live, and growth by re-formation is not built yet",
-        "join the next run instead",
-    ),
-    (
-        ON,
         dataclasses.replace(ROOM, averaging=False),
         "the world has not averaged a round yet: a walk-in joins a world that averages "
         "through the controller",
@@ -214,3 +220,10 @@ def test_a_ceiling_of_one_rank_is_a_ceiling_and_a_bad_plane_names_the_good_ones(
         Elastic(4, ("cpu", "gpu"))
     with pytest.raises(ValueError, match=r"^elastic max_ranks is 0: a world holds at least one rank$"):
         Elastic(0)
+
+
+def test_the_launch_takes_the_files_reform_interval_under_the_flags_ceiling() -> None:
+    join = JoinWindow.model_validate({"elastic": {"max_ranks": 4, "reform_interval": 7}})
+    assert elastic_for(join, LaunchOptions(["x"])) == Elastic(4, ("cpu",), 7)
+    assert elastic_for(join, LaunchOptions(["x"], elastic=6)) == Elastic(6, ("cpu",), 7)
+    assert elastic_for(JoinWindow(), LaunchOptions(["x"], elastic=6)) == Elastic(6)
