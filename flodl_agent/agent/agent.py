@@ -54,7 +54,7 @@ from .options import AgentOptions
 from .prepare import Prepared
 from .rank_env import rank_envs, reason_file
 from .rank_io import CANNOT_EXECUTE, hang_up, heartbeat, start_failure
-from .regrowth import Regrowth, fresh_store, rendezvous
+from .regrowth import Regrowth, fresh_store, reformed, rendezvous
 from .uplink import Uplink
 from .watch import link_events, reported, supervise
 
@@ -255,14 +255,14 @@ class Attempt:
         try:
             while True:  # one pass per world: a process group re-formed to grow runs again
                 envs = self.rank_env(world, road, store_port, plane, reports, inherit=self.compose is None)
-                ranks = await self._start(envs, mine, command, cwd, uplink, averager, relay, client)
+                ranks = await self._start(envs, mine, command, cwd, uplink, averager, relay)
                 codes = await supervise(ranks, abort, relay, serving=store is not None, reform=regrowth.asked)
                 if codes is not None:
                     break
-                world = await self._reform(world, ranks, regrowth, abort)
-                if store is not None:  # the stopped world's keys must not meet the new one's
-                    del store
-                    store, store_port = await fresh_store(relay, self.log)
+                await self._stop(ranks, regrowth)
+                if store is not None:  # before the new world: a far host's ranks may dial first
+                    store, store_port = await fresh_store(relay, self.log)  # never the old keys
+                world = await reformed(world, regrowth, abort, uplink, self.log)
             if not uplink.up.is_set():  # the ranks ended while the controller was away
                 await reported(uplink, abort)
         finally:
@@ -292,7 +292,6 @@ class Attempt:
         uplink: Uplink,
         averager: AverageRelay,
         relay: StreamRelay,
-        client: JoinClient,
     ) -> list[asyncio.Future[int]]:
         """This host's ranks, started and watched; ranks that cannot start are the run's failure."""
         for local, env in enumerate(envs):
@@ -302,37 +301,24 @@ class Attempt:
                 await relay.close()
                 await averager.close()  # its shared-memory directory goes with it
                 await self._kill_children()
-                await self._could_not_start(
-                    mine, uplink.reader, uplink.writer, client, *start_failure(command, exc)
-                )
+                failure = start_failure(command, exc)  # on the road as it is now (a resume rebinds it)
+                await self._could_not_start(mine, uplink.reader, uplink.writer, uplink.client, *failure)
         return [
             asyncio.ensure_future(self._rank(proc, mine.first_rank + local, uplink, averager))
             for local, proc in enumerate(self.children)
         ]
 
-    async def _reform(
-        self,
-        world: WorldFormed,
-        ranks: list[asyncio.Future[int]],
-        regrowth: Regrowth,
-        abort: asyncio.Task[str],
-    ) -> WorldFormed:
-        """The controller re-forms the world: this host's ranks stop (their exits reported as
-        they end), and the new world's share comes on the same link."""
+    async def _stop(self, ranks: list[asyncio.Future[int]], regrowth: Regrowth) -> None:
+        """The controller re-forms the world: this host's ranks stop, their exits reported as
+        they end (the controller counts them as the re-formation's, never as failures)."""
+        regrowth.acted()
         self.log(f"the world re-forms (restart {regrowth.restart}): stopping this host's ranks")
         await self._kill_children()
         await asyncio.gather(*ranks, return_exceptions=True)  # each said its exit
         self.children.clear()
         self.contained.clear()
-        again = await regrowth.next_world(abort)
-        mine, now = world.host, again.host
-        if (now.host, now.first_rank, now.count) != (mine.host, mine.first_rank, mine.count):
-            raise Transient(f"the re-formed world moved this host's ranks (to {now.first_rank}+{now.count})")
-        self.log(
-            f"world re-formed (restart {again.restart_count}): {again.world_size} ranks; this host runs "
-            f"{rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)} again"
-        )
-        return again
+        if self.compose is not None:
+            self.compose.again()
 
     async def _compose_ranks(
         self,
@@ -413,13 +399,17 @@ class Attempt:
         for proc in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in alive:
-            try:
-                await asyncio.wait_for(proc.wait(), KILL_GRACE)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+        await asyncio.gather(*(_reap(proc) for proc in alive))  # one grace for all, not one each
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """A rank told to stop: its end, or the kill once the grace is over."""
+    try:
+        await asyncio.wait_for(proc.wait(), KILL_GRACE)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
 
 
 async def join_once(

@@ -348,6 +348,11 @@ class ComposeRanks:
             await _engine(remove_argv(engine, names), self.env)
         self.live.clear()
 
+    def again(self) -> None:
+        """The world re-formed: the next ranks' containers are watched and removed as the first were."""
+        self._stopping = False
+        self.clients = [proc for proc in self.clients if proc.returncode is None]
+
 
 def run_in_service(
     service: str,

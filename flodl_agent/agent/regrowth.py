@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from ..config.ranks import rank_span
 from ..protocol import wire
 from ..protocol.messages import Reform, WorldFormed
 from ..retry import Transient
@@ -31,20 +32,34 @@ class Regrowth:
 
     def ask(self, reform: Reform) -> None:
         self.restart = reform.restart
-        self.asked.set()
+        self.asked.set()  # cleared when acted on (the agent's stop), not when the world comes
+
+    def acted(self) -> None:
+        """The ranks stop for this request: a Reform read after it (even in the same batch as
+        the new world) is the next re-formation's."""
+        self.asked.clear()
 
     def formed(self, world: WorldFormed) -> None:
         self._worlds.put_nowait(world)
 
-    async def next_world(self, abort: asyncio.Task[str]) -> WorldFormed:
-        """The re-formed world's share; the road ending first fails the attempt (transient)."""
+    async def next_world(self, abort: asyncio.Task[str], uplink: Uplink) -> WorldFormed:
+        """The re-formed world's share. The road ending first fails the attempt (transient), and
+        so does the controller going away meanwhile: no ranks run here for a resume to claim,
+        and the world it was forming died with it."""
         world = asyncio.ensure_future(self._worlds.get())
-        await asyncio.wait({world, abort}, return_when=asyncio.FIRST_COMPLETED)
-        if not world.done():
-            world.cancel()
+        lost = asyncio.ensure_future(uplink.down.wait())
+        await asyncio.wait({world, abort, lost}, return_when=asyncio.FIRST_COMPLETED)
+        lost.cancel()
+        if world.done():
+            return world.result()
+        world.cancel()
+        if abort.done():
             raise Transient(f"{abort.result()} (while the world re-formed)")
-        self.asked.clear()
-        return world.result()
+        raise Transient(
+            "the controller went away while the world re-formed: this host's ranks had stopped "
+            "and no new world came",
+            "the run ends with it; a --persist unit re-dials into the next launch",
+        )
 
 
 async def store(log: Callable[[str], None]) -> tuple[Any, int] | None:
@@ -80,3 +95,21 @@ async def fresh_store(relay: StreamRelay, log: Callable[[str], None]) -> tuple[A
         raise Transient("this host serves the world's rendezvous store, and torch could not start a new one")
     relay.serve(served[1])
     return served
+
+
+async def reformed(
+    world: WorldFormed,
+    regrowth: Regrowth,
+    abort: asyncio.Task[str],
+    uplink: Uplink,
+    log: Callable[[str], None],
+) -> WorldFormed:
+    """The re-formed world's share, on the same link: this host keeps its ranks."""
+    again = await regrowth.next_world(abort, uplink)
+    mine, now = world.host, again.host
+    if (now.host, now.first_rank, now.count) != (mine.host, mine.first_rank, mine.count):
+        raise Transient(f"the re-formed world moved this host's ranks (to {now.first_rank}+{now.count})")
+    ranks = rank_span(range(mine.first_rank, mine.first_rank + mine.count), noun=True)
+    size, restart = again.world_size, again.restart_count
+    log(f"world re-formed (restart {restart}): {size} ranks; this host runs {ranks} again")
+    return again

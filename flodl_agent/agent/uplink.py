@@ -30,6 +30,7 @@ class Uplink:
         self._exits: list[dict[str, Any]] = []  # every rank exit sent: a new connection resends them
         self.up = asyncio.Event()  # set while a connection carries what is sent
         self.up.set()
+        self.down = asyncio.Event()  # its opposite: set from a break to the next connection
 
     def send(self, kind: wire.Kind, body: dict[str, Any]) -> None:
         """One message, in order with what was sent before it on this road."""
@@ -55,6 +56,7 @@ class Uplink:
     def lost(self) -> None:
         """The connection broke: nothing goes up until ``rebind``."""
         self.up.clear()
+        self.down.set()
 
     def rebind(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: JoinClient, link: LinkStream
@@ -62,6 +64,7 @@ class Uplink:
         """A new connection is admitted under the same ranks: the ranks' exits go first."""
         self.writer.close()  # the broken one: its socket goes now, not with the attempt
         self.reader, self.writer, self.client, self.link = reader, writer, client, link
+        self.down.clear()
         self.up.set()
         for body in self._exits:
             write_parts(writer, client.send(wire.Kind.RANK_EXITED, body))

@@ -70,6 +70,7 @@ class Room:
     shutdown: bool  # ShutdownWithSave is under way
     free: tuple[range, ...] = ()  # the rank numbers of hosts lost for good, in rank order
     finished: bool = False  # the walk-in's name already ran its ranks to a clean end in this run
+    ending: bool = False  # a process group whose ranks have begun to end: it re-forms no more
 
 
 def refusal(elastic: Elastic | None, room: Room, offered: int) -> Refusal | None:
@@ -85,6 +86,12 @@ def refusal(elastic: Elastic | None, room: Room, offered: int) -> Refusal | None
         return Refusal(
             "window_closed",
             "join window closed: the world is saving and stopping (ShutdownWithSave)",
+            "join the next run instead",
+        )
+    if room.ending:
+        return Refusal(
+            "window_closed",
+            "the world's ranks have begun to end: a process group does not re-form at the end of its run",
             "join the next run instead",
         )
     if room.finished:

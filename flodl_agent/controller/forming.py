@@ -144,16 +144,21 @@ class Forming:
         """The training world as growth's rules see a walk-in named ``host``."""
         supervisor, traffic = self.supervisor, self.traffic
         averaging = traffic is not None and traffic.averaging
-        held = self.reformation.waiting if self.reformation is not None else 0
+        reformation = self.reformation
+        held = reformation.waiting if reformation is not None else 0
+        process_group = supervisor is not None and supervisor.rendezvous and not averaging
+        stopping = reformation is not None and reformation.stopping is not None
         return elastic.Room(
             plane=self.settings.plane,
             ceiling=self.ceiling,
             numbered=self.window.joined_ranks + held,
             averaging=averaging,
-            process_group=supervisor is not None and supervisor.rendezvous and not averaging,
+            process_group=process_group,
             shutdown=supervisor is not None and bool(supervisor.shutdown),
             free=supervisor.free() if supervisor is not None else (),
             finished=supervisor is not None and supervisor.finished(host),
+            # Its exits during a re-formation's stop are the re-formation's own.
+            ending=process_group and supervisor is not None and bool(supervisor.exits) and not stopping,
         )
 
     def _growth_refusal(self, hello: Hello) -> Refusal | None:

@@ -46,6 +46,8 @@ class Reforming:
 
     if TYPE_CHECKING:  # the controller's and the formation half's: a stub would shadow them in the MRO
 
+        @property
+        def averaging(self) -> bool: ...
         def _apply(self, decision: Keep | Form | Fail) -> None: ...
         def _verdict(self, verdict: Verdict | None) -> bool: ...
         def _rearm(self) -> None: ...
@@ -63,8 +65,8 @@ class Reforming:
         if self.reformation is None:
             elastic = self.settings.elastic
             assert elastic is not None  # only an elastic launch holds walk-ins
-            # The interval counts from the formation (``_form`` starts it; a resumed launch's
-            # from the resume): a world that just formed is not restarted at once.
+            # The interval counts from the formation (``_form`` starts it); a resumed launch,
+            # which formed under another controller, counts it from its first walk-in held.
             self.reformation = Reformation(elastic.reform_interval, self.clock())
         return self.reformation
 
@@ -80,7 +82,10 @@ class Reforming:
         writer.write(conn.accept(first, count))
         self.admitted += 1
         due = reformation.due(now)
-        when = "now" if due is None or due <= now else f"in {due - now:.0f}s (elastic reform_interval)"
+        if reformation.stopping is not None:
+            when = "in the re-formation under way"
+        else:
+            when = "now" if due is None or due <= now else f"in {due - now:.0f}s (elastic reform_interval)"
         self.note(
             "hold",
             f"{hello.host} ({link.peer}) walked in: {rank_span(range(first, first + count), noun=True)} "
@@ -105,10 +110,23 @@ class Reforming:
             return
         if supervisor.shutdown or not reformation.held:
             return
+        if supervisor.exits or self.averaging:
+            # Ranks that began to end would be restarted at the end of their run, and a world
+            # that averages now (a Trainer rendezvouses before its first round) grows live.
+            why = (
+                "the world averages through the controller now: walk in again to join it live"
+                if self.averaging
+                else "the world's ranks have begun to end: it does not re-form; join the next run"
+            )
+            for host in reformation.held:
+                self.links[host].send(wire.Kind.ABORT, {"reason": why})  # its link's end releases it
+            self.note("hold", f"the held walk-ins are turned away: {why}")
+            return
         running = {host: supervisor.running(host) for host in supervisor.world if host in self.links}
         asked = reformation.begin(running, self.clock(), self.settings.shutdown_grace)
         names = ", ".join(reformation.held)
-        reason = f"the world re-forms to take in {names}"
+        # Bounded on the wire (the names stay in the timeline): any count of walk-ins fits.
+        reason = f"the world re-forms to take in {len(reformation.held)} walk-in(s)"
         for host in asked:
             self.links[host].send(wire.Kind.REFORM, {"restart": reformation.restarts, "reason": reason})
         self.note(

@@ -170,3 +170,9 @@ def test_a_box_env_entry_cannot_move_a_rank_out_of_its_elastic_world() -> None:
     box = Box({}, "", env={"FLODL_MAX_WORLD_SIZE": "99", "FLODL_MIDRUN": "0"})
     (env,) = rank_envs(box, world(max_world_size=8, midrun=True), ["cpu:0"], "h:1", 1)
     assert (env["FLODL_MAX_WORLD_SIZE"], env["FLODL_MIDRUN"]) == ("8", "1")
+
+
+def test_a_re_formed_worlds_ranks_count_its_restarts() -> None:
+    formed = world().model_copy(update={"restart_count": 2})
+    (env,) = rank_envs(Box({}, ""), formed, ["cpu:0"], "127.0.0.1:1", 2)
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "2"

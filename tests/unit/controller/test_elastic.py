@@ -40,6 +40,7 @@ ON = Elastic(4)
             1,
             "window_closed",
         ),
+        (ON, dataclasses.replace(ROOM, process_group=True, ending=True), 1, "window_closed"),
         (ON, dataclasses.replace(ROOM, averaging=False), 1, "not_yet"),
     ],
 )
@@ -183,6 +184,12 @@ SAID = [
         dataclasses.replace(ROOM, finished=True),
         "a host of this name already ran its ranks to a clean end in this run: a standing unit "
         "re-dialling after its part must not start the job again",
+        "join the next run instead",
+    ),
+    (
+        ON,
+        dataclasses.replace(ROOM, process_group=True, ending=True),
+        "the world's ranks have begun to end: a process group does not re-form at the end of its run",
         "join the next run instead",
     ),
     (
