@@ -257,6 +257,8 @@ class Attempt:
                 envs = self.rank_env(world, road, store_port, plane, reports, inherit=self.compose is None)
                 ranks = await self._start(envs, mine, command, cwd, uplink, averager, relay)
                 codes = await supervise(ranks, abort, relay, serving=store is not None, reform=regrowth.asked)
+                if codes is not None and world.max_world_size and any(codes):  # an elastic world's word
+                    codes = None if await regrowth.word(abort, uplink, self.log) else codes
                 if codes is not None:
                     break
                 await self._stop(ranks, regrowth)

@@ -28,6 +28,8 @@ class Regrowth:
     def __init__(self) -> None:
         self.asked = asyncio.Event()  # set from the Reform to the new world
         self.restart = 0
+        self.released = ""  # the controller's word that the world goes on without this host
+        self._let_go = asyncio.Event()
         self._worlds: asyncio.Queue[WorldFormed] = asyncio.Queue()
 
     def ask(self, reform: Reform) -> None:
@@ -38,6 +40,28 @@ class Regrowth:
         """The ranks stop for this request: a Reform read after it (even in the same batch as
         the new world) is the next re-formation's."""
         self.asked.clear()
+
+    def release(self, reason: str) -> None:
+        self.released = reason or "the world goes on without this host's ranks"
+        self._let_go.set()
+
+    async def word(self, abort: asyncio.Task[str], uplink: Uplink, log: Callable[[str], None]) -> bool:
+        """This host's ranks all ended and one failed, in an elastic world: the controller says
+        whether they run again (True: ``Reform``, a process group re-forms) or the world goes
+        on without them (``Release``). The controller going away ends the wait (False): the
+        exits wait for its return as any host's do (``watch.reported``)."""
+        if self.asked.is_set():
+            return True
+        log("a rank failed and the world is elastic: waiting for the controller's word")
+        waits = {asyncio.ensure_future(e.wait()) for e in (self.asked, self._let_go, uplink.down)}
+        await asyncio.wait({*waits, abort}, return_when=asyncio.FIRST_COMPLETED)
+        for task in waits:
+            task.cancel()
+        if abort.done():
+            raise Transient(abort.result())
+        if self._let_go.is_set():
+            log(f"released: {self.released}")
+        return self.asked.is_set() and not self._let_go.is_set()
 
     def formed(self, world: WorldFormed) -> None:
         self._worlds.put_nowait(world)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..protocol.join_protocol import Aborted, Event, Formed, Message
-from ..protocol.messages import Averaged, Reform, Stream
+from ..protocol.messages import Averaged, Reform, Release, Stream
 from ..protocol.streams import LinkEnded
 from ..retry import Transient
 from ..train.averaging import AverageRelay
@@ -22,19 +22,20 @@ from .regrowth import Regrowth
 from .uplink import Uplink
 
 
-def link_events(
-    relay: StreamRelay, averager: AverageRelay, regrowth: Regrowth | None = None
-) -> Callable[[Event], None]:
+def link_events(relay: StreamRelay, averager: AverageRelay, regrowth: Regrowth) -> Callable[[Event], None]:
     """What the link brings while the ranks train: store bytes, averages, the controller's abort,
-    and a process-group world's re-formation (the request to stop, then the new world)."""
+    a process-group world's re-formation (the request to stop, then the new world), and an
+    elastic world's word that it goes on without this host's failed ranks."""
 
     def on_event(event: Event) -> None:
         if isinstance(event, Aborted):
             raise LinkEnded(f"the controller aborted the run: {event.reason}")
-        if regrowth is not None and isinstance(event, Formed):
+        if isinstance(event, Formed):
             regrowth.formed(event.world)
-        elif regrowth is not None and isinstance(event, Message) and isinstance(event.message, Reform):
+        elif isinstance(event, Message) and isinstance(event.message, Reform):
             regrowth.ask(event.message)
+        elif isinstance(event, Message) and isinstance(event.message, Release):
+            regrowth.release(event.message.reason)
         elif isinstance(event, Message) and isinstance(event.message, Stream):
             relay.feed(event.message.id, event.message.data, event.message.end)
         elif isinstance(event, Message) and isinstance(event.message, Averaged):
@@ -71,11 +72,13 @@ async def supervise(
         raise Transient(abort.result())
     codes = [t.result() for t in ranks]
     if serving:
-        # Other hosts' ranks may still talk to the store (a last barrier):
-        # serve it until their connections close or the run ends.
-        drained = asyncio.ensure_future(relay.drained())
-        await asyncio.wait({abort, drained}, return_when=asyncio.FIRST_COMPLETED)
+        # Other hosts' ranks may still talk to the store (a last barrier): serve it until
+        # their connections close, the run ends, or the world re-forms (a fresh store).
+        drained: asyncio.Future[Any] = asyncio.ensure_future(relay.drained())
+        again: asyncio.Future[Any] = asyncio.ensure_future(reform.wait()) if reform is not None else drained
+        await asyncio.wait({abort, drained, again}, return_when=asyncio.FIRST_COMPLETED)
         drained.cancel()
+        again.cancel()
     return codes
 
 

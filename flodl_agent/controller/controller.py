@@ -43,7 +43,7 @@ from .listener import Listener, Timeouts
 from .readoption import Readoption
 from .reforming import Reforming
 from .settings import Settings
-from .supervision import Cut, Evict, FailRun, Shutdown, Stalled, Supervisor, Verdict, exit_words
+from .supervision import Cut, Evict, FailRun, Regrow, Shutdown, Stalled, Supervisor, Verdict, exit_words
 from .traffic import RoundFailed, Traffic
 from .view import ControllerView
 from .window import Fail, Form, Keep, Window
@@ -124,6 +124,7 @@ class Controller(Hellos, Forming, Reforming):
             self.ceiling = self.settings.elastic.ceiling(max((s.stop for s in journal.world), default=0))
         self.run_id = journal.run_id
         self.supervisor = supervisor = restored(journal, self.settings.limits, now)
+        supervisor.regrows = self.regrows
         # Silence is judged from the grace's end: until then a missing host is only missing.
         supervisor.seen = dict.fromkeys(readoption.expected, readoption.deadline)
         expected = set(readoption.expected)
@@ -261,6 +262,8 @@ class Controller(Hellos, Forming, Reforming):
                 f"averaging round {verdict.round} stalled for {self.settings.stall_ceiling:g}s "
                 f"waiting on {missing}"
             )
+        if isinstance(verdict, Regrow):
+            return self._regrow(verdict.reason)
         if isinstance(verdict, Shutdown):
             self.note("save", f"ShutdownWithSave: {verdict.reason}; rank {verdict.saver} saves a checkpoint")
             assert self.traffic is not None  # only averaging ranks are asked to save
@@ -384,6 +387,7 @@ class Controller(Hellos, Forming, Reforming):
         self.note("exit", ended)
         if exited.code != 0 and self.window.phase == "training":
             self._rank_failed(ended, {exited.rank}, started=not exited.error)
+        self._release(host)
 
     def _average(self, host: str, pushed: Average, blob: wire.Blob) -> None:
         traffic = self.traffic
@@ -421,6 +425,8 @@ class Controller(Hellos, Forming, Reforming):
             self.note("leave", f"host {host} closed its link")
             if not self.links:  # every survivor has saved and gone
                 self._apply(self.window.fail(supervisor.shutdown, self.clock()))
+            return
+        if phase == "training" and self._gone_in_reform(host):
             return
         if phase == "training" and supervisor is not None:
             verdict = supervisor.host_closed(host, averaging=self.averaging, now=self.clock())

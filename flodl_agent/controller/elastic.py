@@ -21,7 +21,7 @@ Live growth is for a world that averages through the controller (the CPU plane's
 a newcomer takes the next round's average and is counted from the round after. A world
 seen as a torch.distributed process group (its ranks rendezvous, nothing averages) is a
 fixed-size group: it grows by re-formation (``reformation``), its walk-ins held until the
-world restarts with them.
+world restarts with them, and a lost host's span goes to a held walk-in the same way.
 """
 
 from __future__ import annotations

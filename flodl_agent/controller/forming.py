@@ -63,6 +63,12 @@ class Forming:
 
         def _hold(self, link: Link, writer: asyncio.StreamWriter, conn: JoinServer) -> None: ...
 
+    @property
+    def regrows(self) -> bool:
+        """An elastic launch whose plane grows: its process group re-forms around a lost host."""
+        elastic = self.settings.elastic
+        return elastic is not None and self.settings.plane in elastic.planes
+
     def _common(self, size: int, hosts: int, midrun: bool = False, restart: int = 0) -> wire.SharedMap:
         """What every host's share of the world says alike, packed once."""
         return wire.SharedMap.of(
@@ -112,7 +118,9 @@ class Forming:
         self.formed = [(self.links[host], ranks.start) for host, ranks in linked.items()]
         self.run_id = self.cohort.run_id
         nccl = self.settings.plane == "nccl"  # its collectives are a process group: it rendezvouses
-        self.supervisor = Supervisor(linked, self.settings.limits, self.clock(), rendezvous=nccl)
+        self.supervisor = Supervisor(
+            linked, self.settings.limits, self.clock(), rendezvous=nccl, regrows=self.regrows
+        )
         if world:
             self.traffic = Traffic(list(world), self.links, self.supervisor, self.listener.gate.dropped)
         self.view.invalidate()  # the final ranks replace the provisional ones

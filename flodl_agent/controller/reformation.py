@@ -12,6 +12,15 @@ A minimum interval between re-formations (``Elastic.reform_interval``, counted f
 world's last formation) keeps a flapping box from stalling the run with restarts: a walk-in
 that arrives sooner is held until it is due, and every walk-in held by then joins the
 same re-formation. Ranks asked to stop that have not stopped by ``deadline`` end the run.
+
+A process group also re-forms to replace what it lost. A rank that fails takes the whole
+group down (its peers' collectives fail with it), so within the failure budget the world
+restarts: a host that keeps its link runs its ranks again, and a host that is gone leaves
+its span to fill (``lost``). The world forms again only whole (a process group's ranks are
+0..N-1, every one present): the held walk-ins fill the lost spans first, and the world
+waits for them until ``deadline``. Failures that restart the world in a row, each before it
+trained ``interval`` since it last formed, are bounded (``failed``): a script that fails
+on its own would otherwise restart without end.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ class Reformation:
     held: dict[str, int] = field(default_factory=dict)  # walk-ins waiting: host -> ranks offered
     stopping: dict[str, set[int]] | None = None  # a re-formation under way: ranks yet to stop
     deadline: float | None = None  # the stop's end: past it, the run fails
+    lost: dict[str, range] = field(default_factory=dict)  # hosts gone since the world formed: spans to fill
+    failures: int = 0  # re-formations in a row begun by a failure (``failed``)
 
     @property
     def waiting(self) -> int:
@@ -60,6 +71,26 @@ class Reformation:
         self.deadline = now + grace
         return list(self.stopping)
 
+    def failed(self, now: float, limit: int) -> bool:
+        """A failure asks the world to restart: True when it may, at most ``limit`` times in
+        a row without the world training ``interval`` between them (a longer run resets it)."""
+        if now - self.formed_at >= self.interval:
+            self.failures = 0
+        self.failures += 1
+        return self.failures <= limit
+
+    def lose(self, host: str, span: range) -> None:
+        """A host of the world is gone: its span is filled before the world forms again, and
+        the ranks it was asked to stop never will."""
+        self.lost[host] = span
+        if self.stopping is not None:
+            self.stopping.pop(host, None)
+
+    @property
+    def missing(self) -> int:
+        """Ranks of the lost hosts (the failure budget counts them)."""
+        return sum(len(span) for span in self.lost.values())
+
     def stopped(self, host: str, rank: int) -> bool:
         """A rank ended during a re-formation; True when it was one asked to stop (its exit
         is the re-formation's, never judged as a failure)."""
@@ -81,24 +112,42 @@ class Reformation:
         """The ranks that have not stopped (what the stop's deadline names)."""
         return {host: set(ranks) for host, ranks in (self.stopping or {}).items()}
 
-    def world(self, old: dict[str, range], ceiling: int) -> tuple[dict[str, range], list[str]]:
-        """The re-formed world: the old hosts with their ranks, then the held walk-ins in
-        arrival order while they fit below ``ceiling``; and the walk-ins it takes (they are
-        held no more: one that does not fit waits for the next re-formation)."""
-        world = dict(sorted(old.items(), key=lambda item: item[1].start))
-        numbered = max((span.stop for span in world.values()), default=0)
+    def world(self, old: dict[str, range], ceiling: int) -> tuple[dict[str, range], list[str], list[range]]:
+        """The re-formed world: the old hosts with their ranks (the lost ones left out), the
+        held walk-ins in arrival order into the lost spans first, then after every rank while
+        they fit below ``ceiling``; the walk-ins it takes; and the ranks still unfilled. Only
+        a whole world takes its walk-ins (they are held no more; one that does not fit waits
+        for the next): while spans are unfilled, every walk-in stays held."""
+        world, taken, unfilled = self.placed(old, ceiling)
+        if not unfilled:
+            for host in taken:
+                del self.held[host]
+        return world, taken, unfilled
+
+    def placed(self, old: dict[str, range], ceiling: int) -> tuple[dict[str, range], list[str], list[range]]:
+        """``world`` without taking anyone: where each held walk-in would go now."""
+        world = {host: span for host, span in old.items() if host not in self.lost}
+        holes = sorted(self.lost.values(), key=lambda span: span.start)
+        numbered = max((span.stop for span in (*world.values(), *holes)), default=0)
         taken = []
         for host, count in list(self.held.items()):
-            if numbered + count > ceiling:
+            hole = next((i for i, span in enumerate(holes) if len(span) >= count), None)
+            if hole is not None:
+                span = holes[hole]
+                world[host] = range(span.start, span.start + count)
+                holes[hole] = range(span.start + count, span.stop)
+            elif numbered + count <= ceiling:
+                world[host] = range(numbered, numbered + count)
+                numbered += count
+            else:
                 continue
-            world[host] = range(numbered, numbered + count)
-            numbered += count
             taken.append(host)
-            del self.held[host]
-        return world, taken
+        world = dict(sorted(world.items(), key=lambda item: item[1].start))
+        return world, taken, [span for span in holes if span]
 
     def formed(self, now: float) -> None:
         """The re-formed world's shares went out: the interval counts from here."""
         self.formed_at = now
         self.stopping = None
         self.deadline = None
+        self.lost.clear()

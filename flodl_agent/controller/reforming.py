@@ -21,7 +21,7 @@ from ..protocol.messages import RankExited
 from .host_link import Link
 from .reformation import Reformation
 from .settings import Settings
-from .supervision import FailRun, Supervisor, Verdict, exit_words
+from .supervision import FailRun, Supervisor, Verdict, exit_words, failure_budget
 from .traffic import Traffic
 from .view import ControllerView
 from .window import Fail, Form, Keep, Window
@@ -51,6 +51,8 @@ class Reforming:
         def _apply(self, decision: Keep | Form | Fail) -> None: ...
         def _verdict(self, verdict: Verdict | None) -> bool: ...
         def _rearm(self) -> None: ...
+        @property
+        def regrows(self) -> bool: ...
         def _register(self, link: Link, first: int) -> None: ...
         def _arm(
             self, timer: asyncio.TimerHandle | None, deadline: float | None, fire: Callable[[], None]
@@ -78,6 +80,12 @@ class Reforming:
         first = self.window.joined_ranks + reformation.waiting
         count = len(hello.devices)
         reformation.hold(hello.host, count)
+        if self.supervisor is not None:  # a lost host's span, where it would take one now
+            first = (
+                reformation.placed(self.supervisor.world, self.ceiling)[0]
+                .get(hello.host, range(first, first))
+                .start
+            )
         self._register(link, first)
         writer.write(conn.accept(first, count))
         self.admitted += 1
@@ -92,7 +100,7 @@ class Reforming:
             f"(provisional) on {', '.join(hello.devices)}; the world is a torch.distributed process "
             f"group, so it grows by re-formation: the world restarts with it {when}",
         )
-        self._arm_reform()
+        self._settle()  # a world stopped and waiting for a lost host's span may form now
 
     def _arm_reform(self) -> None:
         reformation = self.reformation
@@ -122,22 +130,118 @@ class Reforming:
                 self.links[host].send(wire.Kind.ABORT, {"reason": why})  # its link's end releases it
             self.note("hold", f"the held walk-ins are turned away: {why}")
             return
-        running = {host: supervisor.running(host) for host in supervisor.world if host in self.links}
-        asked = reformation.begin(running, self.clock(), self.settings.shutdown_grace)
-        names = ", ".join(reformation.held)
+        held = list(reformation.held)
         # Bounded on the wire (the names stay in the timeline): any count of walk-ins fits.
-        reason = f"the world re-forms to take in {len(reformation.held)} walk-in(s)"
-        for host in asked:
-            self.links[host].send(wire.Kind.REFORM, {"restart": reformation.restarts, "reason": reason})
+        asked = self._ask_to_stop(f"the world re-forms to take in {len(held)} walk-in(s)")
         self.note(
             "reform",
-            f"re-forming the world to take in {names} (restart {reformation.restarts}): "
-            f"{len(asked)} host(s) asked to stop their ranks",
+            f"re-forming the world to take in {', '.join(held)} (restart {reformation.restarts}): "
+            f"{asked} host(s) asked to stop their ranks",
         )
-        if reformation.complete:
+        self._settle()
+
+    def _ask_to_stop(self, reason: str) -> int:
+        """Begin a re-formation: every linked host of the world is sent Reform (one whose ranks
+        all ended waits for it, and runs them again); the hosts with ranks running stop them.
+        Returns how many were asked to stop."""
+        reformation, supervisor = self.reformation, self.supervisor
+        assert reformation is not None and supervisor is not None  # only a formed world re-forms
+        linked = [host for host in supervisor.world if host in self.links]
+        running = {host: supervisor.running(host) for host in linked}
+        asked = reformation.begin(running, self.clock(), self.settings.shutdown_grace)
+        for host in linked:
+            self.links[host].send(wire.Kind.REFORM, {"restart": reformation.restarts, "reason": reason})
+        return len(asked)
+
+    def _settle(self) -> None:
+        """The re-formation's next step: the world forms once every asked rank stopped."""
+        reformation = self.reformation
+        if reformation is not None and reformation.complete and self.window.phase == "training":
             self._reformed()
         else:
             self._arm_reform()
+
+    def _regrow(self, reason: str) -> bool:
+        """Ranks lost within the budget in an elastic process group (``Regrow``): it cannot go
+        on without them, so it re-forms: a host that keeps its link runs its ranks again, and
+        a host that is gone leaves its span to the next walk-in. False when the run ends."""
+        supervisor, reformation = self.supervisor, self._reformations()
+        assert supervisor is not None  # only a formed world loses ranks
+        # A linked host runs its ranks again: only the ranks of hosts gone count as lost.
+        supervisor.failed -= {r for h, span in supervisor.world.items() if h in self.links for r in span}
+        if reformation.stopping is not None:  # one is under way: it mends this loss too
+            return self._mend()
+        if why := self._no_restart(supervisor, reformation):
+            return self._verdict(FailRun(f"{reason}; {why}: the run ends"))
+        if not self._mend(settle=False):
+            return False
+        asked = self._ask_to_stop("the world re-forms: ranks were lost")
+        self.note(
+            "reform",
+            f"{reason}: the world is a torch.distributed process group, so it re-forms (restart "
+            f"{reformation.restarts}): {asked} host(s) asked to stop their ranks; "
+            "lost ranks go to the next walk-in",
+        )
+        self._settle()
+        return True
+
+    def _no_restart(self, supervisor: Supervisor, reformation: Reformation) -> str:
+        """Why a failure may not restart the world ("": it may)."""
+        budget = failure_budget(self.settings.limits.max_failure, supervisor.size)
+        ended = sorted(r for codes in supervisor.exits.values() for r, code in codes.items() if code == 0)
+        if ended:
+            return (
+                f"rank {ended[0]} had already ended (exit 0): a process group does not re-form "
+                "at the end of its run"
+            )
+        if not reformation.failed(self.clock(), budget):
+            return (
+                f"the world re-formed after a failure {reformation.failures - 1} time(s) in a row, each "
+                f"within {reformation.interval:g}s (elastic reform_interval) of forming, and max_failure "
+                f"{budget} allows no more"
+            )
+        return ""
+
+    def _mend(self, settle: bool = True) -> bool:
+        """The hosts of the world that are gone leave their spans to fill (within the failure
+        budget, and never rank 0's: the store's host). False when the run ends instead."""
+        reformation, supervisor = self.reformation, self.supervisor
+        assert reformation is not None and supervisor is not None
+        for host, span in supervisor.world.items():
+            if host not in self.links and host not in reformation.lost:
+                reformation.lose(host, span)
+                supervisor.failed |= set(span)  # free: a walk-in's hello may take it (elastic.place)
+                supervisor.left(host)
+        budget = failure_budget(self.settings.limits.max_failure, supervisor.size)
+        gone = ", ".join(reformation.lost)
+        if any(0 in span for span in reformation.lost.values()):
+            why = f"{gone} served the world's rendezvous store (rank 0): a process group re-forms around it"
+        elif reformation.missing > budget:
+            why = f"{reformation.missing} lost rank(s) exceed max_failure {budget}"
+        else:
+            if settle:
+                self._settle()
+            return True
+        return self._verdict(
+            FailRun(
+                f"host {gone} left while the world re-formed, and {why}: a torch.distributed process "
+                "group cannot form again without its ranks: the run ends"
+            )
+        )
+
+    def _gone_in_reform(self, host: str) -> bool:
+        """A host of the world closed its link while it re-forms: said, and its span is filled
+        before the world forms again. True when that is how its end was handled."""
+        reformation, supervisor = self.reformation, self.supervisor
+        if reformation is None or reformation.stopping is None or supervisor is None:
+            return False
+        if host not in supervisor.world:
+            return False
+        self.note("leave", f"host {host} closed its link while the world re-formed")
+        if self._mend(settle=False):  # the run may end with it (the budget, rank 0's host)
+            self._apply(self.window.leave(host, self.clock()))
+            self._settle()
+        return True
 
     def _stopped_for_reform(self, host: str, exited: RankExited) -> bool:
         """A rank's exit that a re-formation asked for: noted, never judged. True when it was."""
@@ -153,38 +257,42 @@ class Reforming:
         return True
 
     def _reform_late(self) -> None:
-        reformation = self.reformation
+        reformation, supervisor = self.reformation, self.supervisor
         if reformation is None or reformation.stopping is None or self.window.phase != "training":
             return
-        late = "; ".join(
-            f"host {h}'s ranks {', '.join(map(str, sorted(r)))}" for h, r in reformation.late().items()
-        )
-        self._verdict(
-            FailRun(
-                f"the re-formation asked every rank to stop, and {late} had not stopped within "
-                f"{self.settings.shutdown_grace:g}s (shutdown_grace): the run ends"
+        grace = f"{self.settings.shutdown_grace:g}s (shutdown_grace)"
+        if reformation.complete and supervisor is not None:  # stopped, waiting for walk-ins
+            lost = supervisor.lost({r for span in reformation.lost.values() for r in span})
+            why = f"no walk-in took {lost} within {grace}, and a process group forms only whole"
+        else:
+            late = "; ".join(
+                f"host {h}'s ranks {', '.join(map(str, sorted(r)))}" for h, r in reformation.late().items()
             )
-        )
+            why = f"the re-formation asked every rank to stop, and {late} had not stopped within {grace}"
+        self._verdict(FailRun(f"{why}: the run ends"))
 
     def _reformed(self) -> None:
-        """Every asked rank stopped: the world forms again with the held walk-ins after it."""
+        """Every asked rank stopped: the world forms again, the held walk-ins in the lost
+        hosts' spans first, then after every rank; it waits while a span is unfilled."""
         reformation, old, now = self.reformation, self.supervisor, self.clock()
         assert reformation is not None and old is not None
-        world, taken = reformation.world(
-            {host: span for host, span in old.world.items() if host in self.links}, self.ceiling
-        )
-        missing = [host for host in old.world if host not in world and set(old.world[host]) - old.failed]
-        if missing:
-            self._verdict(
-                FailRun(
-                    f"host {', '.join(missing)} left while the world re-formed: a torch.distributed "
-                    "process group cannot form again without its ranks: the run ends"
-                )
+        if not self._mend(settle=False):  # a host gone unseen is lost, as one seen to go
+            return
+        world, taken, unfilled = reformation.world(old.world, self.ceiling)
+        if unfilled:
+            lost = old.lost({r for span in unfilled for r in span})
+            self.note(
+                "hold",
+                f"the world waits for a walk-in to take {lost} before it forms again "
+                f"(within {self.settings.shutdown_grace:g}s, shutdown_grace)",
             )
+            self._arm_reform()
             return
         for host in taken:
             self.window.grow(host, world[host], now)
-        self.supervisor = supervisor = Supervisor(dict(world), self.settings.limits, now, rendezvous=True)
+        self.supervisor = supervisor = Supervisor(
+            dict(world), self.settings.limits, now, rendezvous=True, regrows=self.regrows
+        )
         assert self.traffic is not None  # a formed world routes its streams
         self.traffic.reformed(list(world), supervisor)
         self.formed = [(self.links[host], span.start) for host, span in world.items()]
@@ -194,16 +302,32 @@ class Reforming:
             link = self.links[host]
             link.ranks = span
             self._share(link, common, span, group)
+        replaced = ", ".join(reformation.lost)
         reformation.formed(now)
         came = f"{', '.join(taken)} walked in" if taken else "nobody walked in"
+        instead = f" in place of lost host {replaced}" if replaced else ""
         self.note(
             "grow",
             f"world re-formed (restart {reformation.restarts}): {size} ranks on {len(world)} hosts, "
-            f"{came}; the world is {size} of {self.ceiling} ranks; training",
+            f"{came}{instead}; the world is {size} of {self.ceiling} ranks; training",
         )
         self.view.invalidate()
         self._rearm()
         self._arm_reform()  # a walk-in that did not fit, or arrived meanwhile, waits for the next
+
+    def _release(self, host: str) -> None:
+        """In an elastic launch a host whose ranks all ended, one failed, keeps its link for the
+        controller's word (a process group may restart them): when the world goes on without
+        them, it is told to hang up."""
+        supervisor, reformation = self.supervisor, self.reformation
+        if not self.ceiling or supervisor is None or self.window.phase != "training":
+            return
+        if reformation is not None and reformation.stopping is not None:
+            return  # it re-forms: the host runs its ranks again in the new world
+        codes = supervisor.exits.get(host, {})
+        link = self.links.get(host)
+        if link is not None and supervisor.all_exited(host) and any(codes.values()):
+            link.send(wire.Kind.RELEASE, {"reason": "the world goes on without this host's ranks"})
 
     def _held_left(self, host: str) -> bool:
         """A held walk-in's link closed before the world took it: it simply never joined."""

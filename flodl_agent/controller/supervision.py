@@ -126,6 +126,15 @@ class FailRun:
 
 
 @dataclass(frozen=True)
+class Regrow:
+    """Ranks lost within the budget in an elastic process group: it cannot go on without
+    them, so it re-forms (``reformation``): its other ranks stop, a walk-in takes the lost
+    ones, and the world restarts whole."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Cut:
     """A host went silent: cut its link (its end then reads as a lost host)."""
 
@@ -140,7 +149,7 @@ class Stalled:
     round: int
 
 
-Verdict = Evict | Shutdown | FailRun | Cut | Stalled
+Verdict = Evict | Shutdown | FailRun | Regrow | Cut | Stalled
 
 # Why a loss that nothing shows the world survives ends the run (a torchrun world fails the same way).
 NOT_A_GROUP = "max_failure lets the CPU plane's averaging go on without a host, not a process group"
@@ -164,6 +173,9 @@ class Supervisor:
     # or the plane's collectives (nccl) need a process group. Its ranks wait for everyone's keys.
     rendezvous: bool = False
     unproven: set[int] = field(default_factory=set)  # evicted while nothing showed the world survives it
+    # An elastic launch whose plane grows: a process group that loses ranks within the budget
+    # re-forms around a walk-in rather than end (``Regrow``).
+    regrows: bool = False
 
     def __post_init__(self) -> None:
         self.seen = dict.fromkeys(self.world, self.now)
@@ -276,6 +288,7 @@ class Supervisor:
         without a rank. Ranks that never started never wrote their keys, and the store host's
         own ranks wait on it unseen (only far ranks' connections cross the controller), so
         such a loss ends the run too, rather than leave survivors to torch's store timeout.
+        An elastic launch's process group re-forms around it instead (``Regrow``).
         """
         if self.shutdown:
             return None
@@ -296,6 +309,8 @@ class Supervisor:
                 f"store (a process group, the Trainer's formation check) cannot form without them: "
                 f"the run ends — {NOT_A_GROUP}"
             )
+        if self.rendezvous and self.regrows:
+            return Regrow(reason)
         if self.rendezvous:
             return FailRun(
                 f"{reason}; {who} left a torch.distributed world (its ranks rendezvous through "

@@ -219,6 +219,14 @@ class Reform(Msg):
     reason: Short = ""
 
 
+class Release(Msg):
+    """An elastic world goes on without this host, whose ranks all ended and one failed: it
+    hangs up. (In an elastic launch a host whose ranks failed keeps its link and waits for
+    the controller's word, since a process-group world may restart them instead: ``Reform``.)"""
+
+    reason: Short = ""
+
+
 class Average(Msg):
     """A round pushed towards the controller; the parameters are the frame's raw bytes.
 
@@ -291,6 +299,7 @@ _BODIES: dict[Kind, type[Msg]] = {
     Kind.RANK_EXITED: RankExited,
     Kind.ABORT: Abort,
     Kind.REFORM: Reform,
+    Kind.RELEASE: Release,
     Kind.STREAM: Stream,
     Kind.AVERAGE: Average,
     Kind.AVERAGED: Averaged,

@@ -76,6 +76,7 @@ class Kind(IntEnum):
     AVERAGE = 13  # the CPU plane: a host's folded parameters for a round
     AVERAGED = 14  # the CPU plane: the round's average
     REFORM = 15  # a process-group world re-forms: stop the ranks, a new WorldFormed follows
+    RELEASE = 16  # an elastic world goes on without this host's failed ranks: hang up
 
 
 BLOB_KINDS = frozenset({Kind.AVERAGE, Kind.AVERAGED})

@@ -11,10 +11,12 @@ import json
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from flodl_agent.agent.options import AgentOptions
 from flodl_agent.controller.controller import Controller
 from flodl_agent.controller.elastic import Elastic
 from tests.support.control_plane import agent, run, settings, until, walk_in
@@ -162,3 +164,209 @@ while not go.exists():
 dist.barrier()
 dist.destroy_process_group()
 """
+
+
+# Replacement: at HOLD in the first world, the doomed rank says it is ready and waits to be
+# killed while the others sit in a barrier with it (the lost peer fails their collective: their
+# exits may reach the controller before the lost host's link end does). The re-formed world
+# (a walk-in in rank 2's place) resumes from the checkpoint and trains to the end.
+REPLACED = """
+import json, os, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+
+out, steps, hold, doomed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+checkpoint = out / "checkpoint.json"
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+dist.init_process_group("gloo")
+rank, size = dist.get_rank(), dist.get_world_size()
+state = json.loads(checkpoint.read_text()) if checkpoint.exists() else {"step": -1, "w": 0.0}
+resumed = state["step"] + 1
+w = state["w"]
+for step in range(resumed, steps):
+    if restart == 0 and step == hold:
+        if rank == doomed:
+            (out / "doomed").touch()
+            while True:
+                time.sleep(0.01)  # killed with its host
+        dist.barrier()  # fails (or hangs until the re-formation stops it) once rank 2 is gone
+    ones = torch.ones(1)
+    dist.all_reduce(ones)
+    w += ones.item()
+    if rank == 0:
+        (out / "checkpoint.tmp").write_text(json.dumps({"step": step, "w": w}))
+        (out / "checkpoint.tmp").replace(checkpoint)
+    dist.barrier()
+said = {"w": w, "world": size, "resumed": resumed, "restart": restart, "host": os.environ["FLODL_TEST_HOST"]}
+(out / f"rank-{rank}.json").write_text(json.dumps(said))
+dist.destroy_process_group()
+"""
+
+
+def test_a_lost_host_in_a_gloo_world_is_replaced_by_the_next_walk_in_and_the_world_resumes(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    notes: list[str] = []
+    command = [sys.executable, "-c", REPLACED, str(out), str(STEPS), str(HOLD), "2"]
+
+    async def scenario() -> None:
+        knobs = settings(
+            command,
+            target=3,
+            quorum=3,
+            max_failure="1",
+            elastic=Elastic(3, reform_interval=0),
+            env={"GLOO_SOCKET_IFNAME": "lo"},
+        )
+        ctl = Controller(knobs, log=notes.append)
+        await ctl.start()
+        boxes = {host: asyncio.ensure_future(walk_in(box(ctl, host))) for host in ("box-a", "box-b", "box-c")}
+        await until(lambda: (out / "doomed").exists(), timeout=120)
+        boxes["box-c"].cancel()  # the host dies with its rank
+        await asyncio.gather(boxes["box-c"], return_exceptions=True)
+        await until(lambda: any("the world waits for a walk-in" in line for line in notes), timeout=60)
+        said: list[str] = []
+        newcomer = asyncio.ensure_future(walk_in(box(ctl, "box-d"), said))
+        assert [await boxes["box-a"], await boxes["box-b"], await newcomer] == [0, 0, 0], notes
+        await ctl.finished.wait()
+        assert ctl.exit_code == 0, ctl.reason
+        assert any(line.startswith("world re-formed (restart 1) with this host: 3 ranks;") for line in said)
+        await ctl.close()
+
+    run(scenario)
+    results = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
+    assert {r: results[r]["host"] for r in results} == {0: "box-a", 1: "box-b", 2: "box-d"}
+    assert {r["w"] for r in results.values()} == {3.0 * STEPS}  # three ranks before the loss and after
+    assert {(r["world"], r["resumed"], r["restart"]) for r in results.values()} == {(3, HOLD, 1)}
+    (reform,) = [line for line in notes if "so it re-forms (restart 1)" in line]
+    assert "lost ranks go to the next walk-in" in reform, notes
+    (grew,) = [line for line in notes if "world re-formed (restart 1)" in line]
+    assert "3 ranks on 3 hosts, box-d walked in in place of lost host box-c" in grew, notes
+    assert not any("run failed" in line for line in notes), notes
+
+
+def box(ctl: Controller, host: str) -> AgentOptions:
+    """A box whose ranks know its name (the script reports where each rank ran)."""
+    return replace(agent(ctl, host), env={"FLODL_TEST_HOST": host})
+
+
+# Rank 1 fails on its own at HOLD while the restart count is below FAILS; its peer waits in a
+# barrier. The restarted ranks resume from the checkpoint.
+FAILING = """
+import json, os, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+
+out, steps, hold, fails = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+checkpoint = out / "checkpoint.json"
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+state = json.loads(checkpoint.read_text()) if checkpoint.exists() else {"step": -1, "w": 0.0}
+resumed, w = state["step"] + 1, state["w"]
+for step in range(resumed, steps):
+    if step == hold and restart < fails:
+        if rank == 1:
+            sys.exit(3)
+        dist.barrier()
+    ones = torch.ones(1)
+    dist.all_reduce(ones)
+    w += ones.item()
+    if rank == 0:
+        (out / "checkpoint.tmp").write_text(json.dumps({"step": step, "w": w}))
+        (out / "checkpoint.tmp").replace(checkpoint)
+    dist.barrier()
+(out / f"rank-{rank}.json").write_text(json.dumps({"w": w, "resumed": resumed, "restart": restart}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("fails", [1, 2])
+def test_a_rank_that_fails_restarts_the_world_on_the_same_hosts_once_within_the_interval(
+    tmp_path: Path, fails: int
+) -> None:
+    """A failed rank whose host keeps its link runs again in the restarted world (nobody is
+    lost); a second failure before the world trained reform_interval ends the run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    notes: list[str] = []
+    logs: dict[str, list[str]] = {"box-a": [], "box-b": []}
+    command = [sys.executable, "-c", FAILING, str(out), str(STEPS), str(HOLD), str(fails)]
+
+    async def scenario() -> None:
+        knobs = settings(
+            command,
+            max_failure="1",
+            elastic=Elastic(2, reform_interval=3600),
+            env={"GLOO_SOCKET_IFNAME": "lo"},
+        )
+        ctl = Controller(knobs, log=notes.append)
+        await ctl.start()
+        codes = await asyncio.gather(*(walk_in(agent(ctl, host), logs[host]) for host in logs))
+        await ctl.finished.wait()
+        if fails == 1:
+            assert codes == [0, 0] and ctl.exit_code == 0, (ctl.reason, notes)
+        else:
+            assert ctl.exit_code == 1 and all(code != 0 for code in codes), notes
+            assert "time(s) in a row, each within 3600s (elastic reform_interval)" in ctl.reason
+            assert "max_failure 1 allows no more: the run ends" in ctl.reason
+        await ctl.close()
+
+    run(scenario)
+    waited = [line for line in logs["box-b"] if "waiting for the controller's word" in line]
+    assert len(waited) == fails, logs["box-b"]  # its rank failed: it kept its link for the word
+    (restarted,) = [line for line in notes if "so it re-forms (restart 1)" in line]
+    assert restarted.startswith("rank 1 on box-b exited with code 3"), notes
+    (grew,) = [line for line in notes if "world re-formed (restart 1)" in line]
+    assert "2 ranks on 2 hosts, nobody walked in;" in grew, notes
+    if fails == 1:
+        results = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+        assert [(r["w"], r["resumed"], r["restart"]) for r in results] == [(2.0 * STEPS, HOLD, 1)] * 2
+
+
+@pytest.mark.parametrize(
+    ("doomed", "why"),
+    [
+        (
+            2,
+            "no walk-in took host box-c's rank 2 within 2s (shutdown_grace), and a process group "
+            "forms only whole",
+        ),
+        (0, "box-a served the world's rendezvous store (rank 0): a process group re-forms around it"),
+    ],
+)
+def test_a_process_group_that_cannot_be_made_whole_again_ends_the_run_saying_why(
+    tmp_path: Path, doomed: int, why: str
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    notes: list[str] = []
+    command = [sys.executable, "-c", REPLACED, str(out), str(STEPS), str(HOLD), str(doomed)]
+    hosts = ("box-a", "box-b", "box-c")
+
+    async def scenario() -> None:
+        knobs = settings(
+            command,
+            target=3,
+            quorum=3,
+            max_failure="1",
+            shutdown_grace=2.0,
+            elastic=Elastic(3, reform_interval=0),
+            env={"GLOO_SOCKET_IFNAME": "lo"},
+        )
+        ctl = Controller(knobs, log=notes.append)
+        await ctl.start()
+        boxes = {host: asyncio.ensure_future(walk_in(box(ctl, host))) for host in hosts}
+        await until(lambda: (out / "doomed").exists(), timeout=120)
+        lost = hosts[doomed]
+        boxes[lost].cancel()  # the host dies with its rank, and nobody walks in
+        await ctl.finished.wait()
+        assert ctl.exit_code == 1 and why in ctl.reason, (ctl.reason, notes)
+        others = await asyncio.gather(*(task for host, task in boxes.items() if host != lost))
+        assert all(code != 0 for code in others)  # the Abort reached them
+        await ctl.close()
+
+    run(scenario)
+    assert not list(out.glob("rank-*.json"))  # nobody trained to the end

@@ -79,3 +79,46 @@ def test_the_uplinks_down_follows_the_break_and_the_rebind() -> None:
     client = type("C", (), {"send": lambda self, kind, body: []})()
     uplink.rebind(cast(Any, None), cast(Any, None), cast(Any, client), cast(Any, None))
     assert not uplink.down.is_set() and uplink.up.is_set()
+
+
+def test_a_host_whose_ranks_failed_runs_them_again_on_reform_and_hangs_up_on_release() -> None:
+    async def body() -> None:
+        lines: list[str] = []
+        for word, again in (("reform", True), ("release", False)):
+            regrowth, abort, uplink = Regrowth(), asyncio.ensure_future(_never()), _uplink()
+            waiting = asyncio.ensure_future(regrowth.word(abort, uplink, lines.append))
+            await asyncio.sleep(0)
+            assert not waiting.done()  # it keeps its link for the controller's word
+            if word == "reform":
+                regrowth.ask(Reform(restart=1))
+            else:
+                regrowth.release("")
+            assert await waiting is again
+            abort.cancel()
+        assert lines[-1] == "released: the world goes on without this host's ranks"
+
+    asyncio.run(body())
+
+
+def test_a_reform_that_came_first_needs_no_wait() -> None:
+    async def body() -> None:
+        regrowth, abort = Regrowth(), asyncio.ensure_future(_never())
+        regrowth.ask(Reform(restart=1))
+        lines: list[str] = []
+        assert await regrowth.word(abort, _uplink(), lines.append) is True and lines == []
+        abort.cancel()
+
+    asyncio.run(body())
+
+
+def test_the_word_wait_ends_with_the_controller_or_the_run() -> None:
+    async def body() -> None:
+        regrowth, abort, uplink = Regrowth(), asyncio.ensure_future(_never()), _uplink()
+        uplink.lost()  # the controller went away: the exits wait for its return instead
+        assert await regrowth.word(abort, uplink, lambda _: None) is False
+        abort.cancel()
+        aborted = asyncio.ensure_future(asyncio.sleep(0, result="the controller aborted the run: x"))
+        with pytest.raises(Transient, match="aborted the run: x"):
+            await Regrowth().word(aborted, _uplink(), lambda _: None)
+
+    asyncio.run(body())

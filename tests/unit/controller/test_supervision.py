@@ -11,6 +11,7 @@ from flodl_agent.controller.supervision import (
     Evict,
     FailRun,
     Limits,
+    Regrow,
     Shutdown,
     Stalled,
     Supervisor,
@@ -68,6 +69,32 @@ def test_lost_ranks_are_evicted_within_the_budget_then_the_survivors_save(
     sup = supervisor(max_failure=max_failure)
     verdicts = [sup.rank_failed(f"rank {r} died", r, averaging=averaging, now=101.0) for r in losses]
     assert [type(v) for v in verdicts] == kinds
+
+
+@pytest.mark.parametrize(
+    "regrows, max_failure, started, kind",
+    [
+        (True, "1", True, Regrow),  # an elastic process group re-forms around the loss
+        (False, "1", True, FailRun),  # a frozen one cannot go on without it
+        (True, "0", True, FailRun),  # no budget: the loss ends the run, elastic or not
+        (True, "1", False, FailRun),  # ranks that never started would fail the same way again
+    ],
+)
+def test_a_process_group_that_loses_a_rank_re_forms_only_when_elastic_and_within_the_budget(
+    regrows: bool, max_failure: str, started: bool, kind: type
+) -> None:
+    sup = Supervisor(
+        dict(WORLD), Limits(max_failure=max_failure), now=100.0, rendezvous=True, regrows=regrows
+    )
+    verdict = sup.rank_failed("rank 2 died", {2}, averaging=False, now=101.0, started=started)
+    assert type(verdict) is kind
+    if kind is Regrow:
+        assert verdict == Regrow("rank 2 died")
+
+
+def test_an_elastic_world_that_averages_evicts_as_ever() -> None:
+    sup = Supervisor(dict(WORLD), Limits(max_failure="1"), now=100.0, rendezvous=True, regrows=True)
+    assert isinstance(sup.rank_failed("rank 2 died", {2}, averaging=True, now=101.0), Evict)
 
 
 def test_the_lowest_survivor_saves_and_the_grace_ends_the_run() -> None:
