@@ -138,7 +138,7 @@ def config_show(file: Path, base: Path | None, as_json: bool) -> None:
         out.print(
             f"elastic: walk-ins join the training world up to {grows.max_ranks} ranks "
             f"(planes {', '.join(grows.planes)}; a process group re-forms at most every "
-            f"{grows.reform_interval}s)",
+            f"{grows.reform_interval}s, and waits {grows.replace_timeout}s for a lost host's replacement)",
             markup=False,
         )
 

@@ -94,7 +94,8 @@ def _max_failure(value: str) -> str:
     show_default=True,
     callback=lambda _ctx, _param, value: _max_failure(value),
     help="Ranks that may fail mid-run before it ends: a count (2) or a share of the world (25%). "
-    "Within it a lost rank is evicted and averaging renormalizes; beyond it the survivors averaging "
+    "Within it a lost rank is evicted and averaging renormalizes (with --elastic, a process group "
+    "re-forms and a walk-in takes the lost ranks); beyond it the survivors averaging "
     "through the controller save a checkpoint (ShutdownWithSave) and the run fails.",
 )
 @click.option(

@@ -35,14 +35,21 @@ class ClusterBuilder:
         return self
 
     def elastic(
-        self, max_ranks: int, planes: Iterable[str] = ("cpu",), reform_interval: int | None = None
+        self,
+        max_ranks: int,
+        planes: Iterable[str] = ("cpu",),
+        reform_interval: int | None = None,
+        replace_timeout: int | None = None,
     ) -> ClusterBuilder:
         """``cluster.controller.join.elastic``: walk-ins join the training world up to
         ``max_ranks``, on these launch planes (a process group re-forming at most every
-        ``reform_interval`` seconds; None: the default)."""
+        ``reform_interval`` seconds, and waiting ``replace_timeout`` seconds for a lost
+        host's replacement; None: the defaults)."""
         block: dict[str, object] = {"max_ranks": max_ranks, "planes": list(planes)}
         if reform_interval is not None:
             block["reform_interval"] = reform_interval
+        if replace_timeout is not None:
+            block["replace_timeout"] = replace_timeout
         self._join["elastic"] = block
         return self
 

@@ -21,6 +21,7 @@ from .problems import Rule, fail
 
 DEFAULT_CONTROLLER_GRACE = 120
 DEFAULT_REFORM_INTERVAL = 60  # seconds between re-formations of a process-group world
+DEFAULT_REPLACE_TIMEOUT = 300  # seconds a process group stopped after a loss waits for its replacement
 MAX_CEILING = 1_000_000  # ranks: 8 MB of timing slots a round at the most
 
 
@@ -54,6 +55,13 @@ class ElasticWindow(Model):
         le=MAX_SECONDS,
         description="seconds a process-group world trains between two re-formations (a walk-in "
         "that arrives sooner waits): a flapping box cannot stall the run with restarts",
+    )
+    replace_timeout: int = Field(
+        DEFAULT_REPLACE_TIMEOUT,
+        ge=1,
+        le=MAX_SECONDS,
+        description="seconds a process-group world, stopped after losing a host, waits for walk-ins "
+        "to take the lost ranks before the run ends",
     )
 
 

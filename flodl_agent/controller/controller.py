@@ -185,6 +185,8 @@ class Controller(Hellos, Forming, Reforming):
         # Port 0 has no journal to resume from: nobody could take the world over.
         if self.window.phase != "training" or self.settings.controller_grace <= 0 or not self.settings.port:
             return False
+        if self.reformation is not None and self.reformation.stopping is not None:
+            return False  # its ranks are stopped: there is nothing training to hand over
         self.handed_off = True  # OperatorStop asks once: its handlers are gone after a signal
         self.exit_code = 0  # this controller's part ended as it should
         for link in list(self.links.values()):

@@ -40,6 +40,7 @@ class Elastic:
     max_ranks: int
     planes: tuple[str, ...] = ("cpu",)
     reform_interval: float = 60.0  # seconds a process-group world trains between re-formations
+    replace_timeout: float = 300.0  # seconds a process group stopped after a loss waits for walk-ins
 
     def __post_init__(self) -> None:
         if self.max_ranks < 1:
@@ -49,6 +50,8 @@ class Elastic:
             raise ValueError(f"elastic planes must be among {', '.join(PLANES)}, not {sorted(unknown)}")
         if self.reform_interval < 0:
             raise ValueError(f"elastic reform_interval is {self.reform_interval}: seconds, 0 or more")
+        if self.replace_timeout <= 0:
+            raise ValueError(f"elastic replace_timeout is {self.replace_timeout}: seconds, more than 0")
         # Sorted and once each: the settings' digest (a restart's "same launch?") must not
         # depend on how the planes were spelled.
         object.__setattr__(self, "planes", tuple(sorted(set(self.planes))))

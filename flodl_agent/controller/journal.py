@@ -72,6 +72,7 @@ class Journal(BaseModel):
     failed: tuple[int, ...] = ()  # ranks lost within max_failure: the budget spent
     evicted: tuple[str, ...] = ()  # hosts lost so: they may not come back
     rendezvous: bool = False  # the world was seen to rendezvous through torch's store
+    reforming: bool = False  # its ranks were stopped for a re-formation: nothing trains to resume
     phase: Phase = "training"
     reason: str = ""  # a finished launch's verdict
 
@@ -120,6 +121,11 @@ def on_start(journal: Journal | None, digest: str, *, fresh: bool, path: Path) -
         return NewWindow(f"launch {journal.launch}'s journal discarded (--fresh)")
     if journal.phase != "training":
         return NewWindow("")
+    if journal.reforming:  # its hosts gave up when their controller went away (regrowth.next_world)
+        return NewWindow(
+            f"launch {journal.launch}'s controller went away while its world re-formed, its ranks "
+            "stopped: nothing trains to resume"
+        )
     if journal.settings != digest:
         raise JournalError(
             f"{path}: launch {journal.launch} did not finish, and it ran other settings than "

@@ -21,12 +21,13 @@ from typing import Any, Protocol
 from ..config.ranks import rank_span
 from . import journal as journals
 from .journal import Journal, JournalError, Span, journal_path, settings_digest
+from .reformation import Reformation
 from .settings import Settings
 from .supervision import Limits, Supervisor
 from .window import Window
 
 SETTLE = 0.5  # seconds: changes after the formation are written at most this often
-CHANGES = frozenset({"exit", "eviction", "leave", "save", "cut", "resume", "lost", "grow"})
+CHANGES = frozenset({"exit", "eviction", "leave", "save", "cut", "resume", "lost", "grow", "reform", "stop"})
 
 
 class Journaled(Protocol):
@@ -39,6 +40,7 @@ class Journaled(Protocol):
     port: int
     window: Window
     supervisor: Supervisor | None
+    reformation: Reformation | None
 
 
 class Journaler:
@@ -148,6 +150,7 @@ class Journaler:
             failed=tuple(sorted(supervisor.failed)),
             evicted=tuple(evicted),
             rendezvous=supervisor.rendezvous,
+            reforming=ctl.reformation is not None and ctl.reformation.stopping is not None,
             phase=phase if ended else "training",
             reason=(ctl.reason or "run complete: every host link closed") if ended else "",
         )

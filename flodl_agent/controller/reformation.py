@@ -17,10 +17,10 @@ A process group also re-forms to replace what it lost. A rank that fails takes t
 group down (its peers' collectives fail with it), so within the failure budget the world
 restarts: a host that keeps its link runs its ranks again, and a host that is gone leaves
 its span to fill (``lost``). The world forms again only whole (a process group's ranks are
-0..N-1, every one present): the held walk-ins fill the lost spans first, and the world
-waits for them until ``deadline``. Failures that restart the world in a row, each before it
-trained ``interval`` since it last formed, are bounded (``failed``): a script that fails
-on its own would otherwise restart without end.
+0..N-1, every one present): the held walk-ins fill the lost spans first, and the world,
+stopped, waits for them (``wait``: ``Elastic.replace_timeout``). Failures that restart the
+world in a row, each before it trained ``interval`` since it last formed, are bounded
+(``failed``): a script that fails on its own would otherwise restart without end.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class Reformation:
     deadline: float | None = None  # the stop's end: past it, the run fails
     lost: dict[str, range] = field(default_factory=dict)  # hosts gone since the world formed: spans to fill
     failures: int = 0  # re-formations in a row begun by a failure (``failed``)
+    filling: bool = False  # stopped, spans unfilled: ``deadline`` is the wait for walk-ins
 
     @property
     def waiting(self) -> int:
@@ -78,6 +79,15 @@ class Reformation:
             self.failures = 0
         self.failures += 1
         return self.failures <= limit
+
+    def wait(self, now: float, timeout: float) -> bool:
+        """The stop is complete and spans are unfilled: the world waits for walk-ins until
+        ``timeout`` from the first time it found itself so (True then, False after)."""
+        if self.filling:
+            return False
+        self.filling = True
+        self.deadline = now + timeout
+        return True
 
     def lose(self, host: str, span: range) -> None:
         """A host of the world is gone: its span is filled before the world forms again, and
@@ -150,4 +160,5 @@ class Reformation:
         self.formed_at = now
         self.stopping = None
         self.deadline = None
+        self.filling = False
         self.lost.clear()

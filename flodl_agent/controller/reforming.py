@@ -19,6 +19,7 @@ from ..protocol import wire
 from ..protocol.join_protocol import JoinServer
 from ..protocol.messages import RankExited
 from .host_link import Link
+from .readoption import Readoption
 from .reformation import Reformation
 from .settings import Settings
 from .supervision import FailRun, Supervisor, Verdict, exit_words, failure_budget
@@ -41,6 +42,7 @@ class Reforming:
     ceiling: int
     clock: Callable[[], float]
     note: Callable[[str, str], None]
+    readoption: Readoption | None
     reformation: Reformation | None = None  # an elastic process-group world's re-formations
     _reform_timer: asyncio.TimerHandle | None = None  # the next re-formation, or its stop's end
 
@@ -140,6 +142,12 @@ class Reforming:
         )
         self._settle()
 
+    @property
+    def _replace_timeout(self) -> float:
+        elastic = self.settings.elastic
+        assert elastic is not None  # only an elastic launch re-forms
+        return elastic.replace_timeout
+
     def _ask_to_stop(self, reason: str) -> int:
         """Begin a re-formation: every linked host of the world is sent Reform (one whose ranks
         all ended waits for it, and runs them again); the hosts with ranks running stop them.
@@ -167,12 +175,13 @@ class Reforming:
         a host that is gone leaves its span to the next walk-in. False when the run ends."""
         supervisor, reformation = self.supervisor, self._reformations()
         assert supervisor is not None  # only a formed world loses ranks
+        under_way = reformation.stopping is not None  # it mends this loss too
+        if not under_way and (why := self._no_restart(supervisor, reformation)):
+            return self._verdict(FailRun(f"{reason}; {why}: the run ends"))  # the lost ranks stay failed
         # A linked host runs its ranks again: only the ranks of hosts gone count as lost.
         supervisor.failed -= {r for h, span in supervisor.world.items() if h in self.links for r in span}
-        if reformation.stopping is not None:  # one is under way: it mends this loss too
+        if under_way:
             return self._mend()
-        if why := self._no_restart(supervisor, reformation):
-            return self._verdict(FailRun(f"{reason}; {why}: the run ends"))
         if not self._mend(settle=False):
             return False
         asked = self._ask_to_stop("the world re-forms: ranks were lost")
@@ -187,6 +196,10 @@ class Reforming:
 
     def _no_restart(self, supervisor: Supervisor, reformation: Reformation) -> str:
         """Why a failure may not restart the world ("": it may)."""
+        if self.readoption is not None and not self.readoption.said:
+            # A host still within its grace is neither linked nor lost: the world cannot be
+            # told apart into who runs again and whose ranks a walk-in takes.
+            return "the controller is still taking the world back (its hosts' controller_grace)"
         budget = failure_budget(self.settings.limits.max_failure, supervisor.size)
         ended = sorted(r for codes in supervisor.exits.values() for r, code in codes.items() if code == 0)
         if ended:
@@ -238,6 +251,14 @@ class Reforming:
         if host not in supervisor.world:
             return False
         self.note("leave", f"host {host} closed its link while the world re-formed")
+        if supervisor.finished(host):  # its ranks had ended on their own: the run was ending
+            self._verdict(
+                FailRun(
+                    f"host {host}'s ranks had ended (exit 0) as the world re-formed: a process group "
+                    "does not re-form at the end of its run, and cannot go on without them: the run ends"
+                )
+            )
+            return True
         if self._mend(settle=False):  # the run may end with it (the budget, rank 0's host)
             self._apply(self.window.leave(host, self.clock()))
             self._settle()
@@ -261,9 +282,12 @@ class Reforming:
         if reformation is None or reformation.stopping is None or self.window.phase != "training":
             return
         grace = f"{self.settings.shutdown_grace:g}s (shutdown_grace)"
-        if reformation.complete and supervisor is not None:  # stopped, waiting for walk-ins
+        if reformation.filling and supervisor is not None:  # stopped, waiting for walk-ins
             lost = supervisor.lost({r for span in reformation.lost.values() for r in span})
-            why = f"no walk-in took {lost} within {grace}, and a process group forms only whole"
+            why = (
+                f"no walk-in took {lost} within {self._replace_timeout:g}s (elastic replace_timeout), "
+                "and a process group forms only whole"
+            )
         else:
             late = "; ".join(
                 f"host {h}'s ranks {', '.join(map(str, sorted(r)))}" for h, r in reformation.late().items()
@@ -280,12 +304,14 @@ class Reforming:
             return
         world, taken, unfilled = reformation.world(old.world, self.ceiling)
         if unfilled:
-            lost = old.lost({r for span in unfilled for r in span})
-            self.note(
-                "hold",
-                f"the world waits for a walk-in to take {lost} before it forms again "
-                f"(within {self.settings.shutdown_grace:g}s, shutdown_grace)",
-            )
+            timeout = self._replace_timeout
+            if reformation.wait(now, timeout):
+                lost = old.lost({r for span in unfilled for r in span})
+                self.note(
+                    "hold",
+                    f"the world waits for a walk-in to take {lost} before it forms again "
+                    f"(within {timeout:g}s, elastic replace_timeout)",
+                )
             self._arm_reform()
             return
         for host in taken:

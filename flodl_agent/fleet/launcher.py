@@ -15,6 +15,7 @@ from typing import Any
 from ..address import is_loopback, join_address
 from ..config.join_window import (
     LOCKED_OUT_FIX,
+    ElasticWindow,
     JoinWindow,
     ceiling_floor,
     locked_out_message,
@@ -231,7 +232,7 @@ def elastic_for(join: JoinWindow, options: LaunchOptions) -> Elastic | None:
     when the file has no elastic block); ``None`` when neither asks, the frozen world."""
     block = join.elastic
     if options.elastic is None:
-        return None if block is None else Elastic(block.max_ranks, tuple(block.planes), block.reform_interval)
+        return None if block is None else Elastic(block.max_ranks, *_paced(block))
     # The file's own ceiling was held to its window when it loaded; the flag is checked here.
     if below := ceiling_floor(join, options.elastic):
         name, floor = below
@@ -242,7 +243,12 @@ def elastic_for(join: JoinWindow, options: LaunchOptions) -> Elastic | None:
         )
     if block is None:
         return Elastic(options.elastic)
-    return Elastic(options.elastic, tuple(block.planes), block.reform_interval)
+    return Elastic(options.elastic, *_paced(block))
+
+
+def _paced(block: ElasticWindow) -> tuple[tuple[str, ...], float, float]:
+    """The file's elastic block past its ceiling: the planes, the re-formations' pace and wait."""
+    return tuple(block.planes), block.reform_interval, block.replace_timeout
 
 
 def check_tls_files(cluster: Cluster) -> None:

@@ -331,8 +331,8 @@ def test_a_rank_that_fails_restarts_the_world_on_the_same_hosts_once_within_the_
     [
         (
             2,
-            "no walk-in took host box-c's rank 2 within 2s (shutdown_grace), and a process group "
-            "forms only whole",
+            "no walk-in took host box-c's rank 2 within 2s (elastic replace_timeout), and a process "
+            "group forms only whole",
         ),
         (0, "box-a served the world's rendezvous store (rank 0): a process group re-forms around it"),
     ],
@@ -352,8 +352,7 @@ def test_a_process_group_that_cannot_be_made_whole_again_ends_the_run_saying_why
             target=3,
             quorum=3,
             max_failure="1",
-            shutdown_grace=2.0,
-            elastic=Elastic(3, reform_interval=0),
+            elastic=Elastic(3, reform_interval=0, replace_timeout=2),
             env={"GLOO_SOCKET_IFNAME": "lo"},
         )
         ctl = Controller(knobs, log=notes.append)

@@ -104,8 +104,12 @@ def test_elastic_lands_in_the_join_block_beside_the_other_knobs() -> None:
     both = ClusterBuilder().controller("h").elastic(4, ("cpu", "nccl")).worker("a").build()
     assert both.controller.join.elastic is not None and both.controller.join.elastic.planes == ["cpu", "nccl"]
     assert both.controller.join.elastic.reform_interval == 60  # the default: a process group's pace
-    quick = ClusterBuilder().controller("h").elastic(4, reform_interval=0).worker("a").build()
+    assert both.controller.join.elastic.replace_timeout == 300  # a lost host's replacement: minutes
+    quick = (
+        ClusterBuilder().controller("h").elastic(4, reform_interval=0, replace_timeout=5).worker("a").build()
+    )
     assert quick.controller.join.elastic is not None and quick.controller.join.elastic.reform_interval == 0
+    assert quick.controller.join.elastic.replace_timeout == 5
 
 
 def test_a_bad_elastic_ceiling_from_code_reads_like_the_file_s() -> None:

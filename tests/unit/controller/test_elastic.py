@@ -73,6 +73,8 @@ def test_the_knob_checks_itself_and_its_planes_are_spelled_one_way() -> None:
     with pytest.raises(ValueError, match="reform_interval is -1"):
         Elastic(4, reform_interval=-1)
     assert Elastic(4, reform_interval=0).reform_interval == 0
+    with pytest.raises(ValueError, match="replace_timeout is 0: seconds, more than 0"):
+        Elastic(4, replace_timeout=0)
 
 
 def config() -> WindowConfig:
@@ -230,7 +232,9 @@ def test_a_ceiling_of_one_rank_is_a_ceiling_and_a_bad_plane_names_the_good_ones(
 
 
 def test_the_launch_takes_the_files_reform_interval_under_the_flags_ceiling() -> None:
-    join = JoinWindow.model_validate({"elastic": {"max_ranks": 4, "reform_interval": 7}})
-    assert elastic_for(join, LaunchOptions(["x"])) == Elastic(4, ("cpu",), 7)
-    assert elastic_for(join, LaunchOptions(["x"], elastic=6)) == Elastic(6, ("cpu",), 7)
+    join = JoinWindow.model_validate(
+        {"elastic": {"max_ranks": 4, "reform_interval": 7, "replace_timeout": 9}}
+    )
+    assert elastic_for(join, LaunchOptions(["x"])) == Elastic(4, ("cpu",), 7, 9)
+    assert elastic_for(join, LaunchOptions(["x"], elastic=6)) == Elastic(6, ("cpu",), 7, 9)
     assert elastic_for(JoinWindow(), LaunchOptions(["x"], elastic=6)) == Elastic(6)

@@ -49,6 +49,14 @@ def world(**changes: object) -> Journal:
         (world(phase="done"), False, NewWindow("")),  # a finished launch is never resumed
         (world(phase="failed", reason="rank 1 exited 3"), False, NewWindow("")),
         (world(settings="e" * 64, phase="done"), False, NewWindow("")),
+        (  # its ranks were stopped for a re-formation, and its hosts gave up with its controller
+            world(reforming=True),
+            False,
+            NewWindow(
+                "launch 0a1b2c3d's controller went away while its world re-formed, its ranks "
+                "stopped: nothing trains to resume"
+            ),
+        ),
     ],
 )
 def test_what_a_launch_does_with_the_journal_on_its_port(

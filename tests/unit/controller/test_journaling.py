@@ -11,6 +11,7 @@ import pytest
 from flodl_agent.controller import journal as jn
 from flodl_agent.controller.journal import JournalError
 from flodl_agent.controller.journaling import STOPPED, Journaler, lost_verdict, restored, unfinished_words
+from flodl_agent.controller.reformation import Reformation
 from flodl_agent.controller.settings import Settings
 from flodl_agent.controller.supervision import Evict, Limits, Supervisor
 from flodl_agent.controller.window import Member, Window, WindowClosed, WindowConfig
@@ -96,6 +97,7 @@ class _Formed:
         self.port = 1337
         self.window = Window.resumed(CONFIG, [("a", 2), ("b", 1), ("c", 1)], 0.0)
         self.supervisor = supervisor
+        self.reformation: Reformation | None = None
 
 
 CONFIG = WindowConfig(quorum=1, target=None, join_timeout=1.0, max_join_timeout=2.0, start="auto")
@@ -110,11 +112,12 @@ def test_a_journaled_world_restores_its_supervision_as_it_stood() -> None:
     before.rendezvous = True
     journal = Journaler(_Formed(before), Path("unused"), print).snapshot()
     assert journal is not None
-    assert (journal.exits, journal.failed, journal.evicted, journal.rendezvous) == (
+    assert (journal.exits, journal.failed, journal.evicted, journal.rendezvous, journal.reforming) == (
         {0: 0, 3: 1},
         (3,),
         ("c",),
         True,
+        False,
     )
 
     after = restored(journal, LIMITS, 50.0)
@@ -136,3 +139,15 @@ def test_a_resumed_window_trains_admits_nobody_new_and_ends_when_every_link_clos
     assert window.phase == "training"
     window.leave("b", 13.0)
     assert window.phase == "done"
+
+
+def test_a_world_stopped_for_a_re_formation_is_journaled_so_until_it_forms_again() -> None:
+    formed = _Formed(Supervisor({"a": range(0, 2), "b": range(2, 3)}, LIMITS, 0.0))
+    keeper = Journaler(formed, Path("unused"), print)
+    formed.reformation = reformation = Reformation(interval=0.0, formed_at=0.0)
+    reformation.begin({"a": {0, 1}, "b": {2}}, now=1.0, grace=5.0)
+    snapshot = keeper.snapshot()
+    assert snapshot is not None and snapshot.reforming  # a restart must not resume stopped ranks
+    reformation.formed(2.0)
+    snapshot = keeper.snapshot()
+    assert snapshot is not None and not snapshot.reforming

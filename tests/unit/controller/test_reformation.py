@@ -214,3 +214,15 @@ def test_holes_fill_in_rank_order_whatever_order_their_hosts_were_lost_in() -> N
     world, taken, holes = r.world(old, ceiling=4)
     assert world == {"a": range(0, 1), "d": range(1, 2), "e": range(2, 3), "f": range(3, 4)}
     assert taken == ["d", "e", "f"] and holes == [] and r.stopping == {"a": {0}}
+
+
+def test_the_wait_for_walk_ins_is_set_once_and_ends_with_the_formation() -> None:
+    r = Reformation(interval=0.0, formed_at=0.0)
+    r.begin({"a": {0}}, now=1.0, grace=5.0)
+    assert r.deadline == 6.0 and not r.filling  # the stop's end
+    assert r.wait(3.0, timeout=300.0) and r.filling and r.deadline == 303.0
+    assert not r.wait(50.0, timeout=300.0) and r.deadline == 303.0  # counted from the first time
+    r.formed(60.0)
+    assert not r.filling and r.deadline is None
+    r.begin({"a": {0}}, now=70.0, grace=5.0)
+    assert r.wait(71.0, timeout=10.0) and r.deadline == 81.0
