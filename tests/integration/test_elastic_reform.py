@@ -19,6 +19,7 @@ import pytest
 from flodl_agent.agent.options import AgentOptions
 from flodl_agent.controller.controller import Controller
 from flodl_agent.controller.elastic import Elastic
+from flodl_agent.controller.settings import Settings
 from tests.support.control_plane import agent, run, settings, until, walk_in
 
 pytest.importorskip("torch")
@@ -28,44 +29,53 @@ pytestmark = pytest.mark.serial
 
 STEPS = 12
 HOLD = 5  # the two-rank world waits at this step for the walk-in: it never gets past it
-# Each step adds the world's size to w (an all_reduce of ones); rank 0 checkpoints after every
-# step (written whole, then renamed). A restarted rank resumes after its checkpoint's step.
-SCRIPT = """
+
+
+def trainer(pause: str, said: str = "{}") -> str:
+    """A torchrun-style gloo script: each step adds the world's size to w (an all_reduce of
+    ones), rank 0 checkpoints after every step (written whole, then renamed), and a restarted
+    rank resumes after its checkpoint's step. ``pause``: what a step does first (argv[4] is its
+    knob); ``said``: what each rank reports at its end beside w, its world and its restart."""
+    return f"""
 import json, os, sys, time
 from pathlib import Path
 import torch, torch.distributed as dist
 
-out, steps, hold = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+out, steps, hold, knob = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 checkpoint = out / "checkpoint.json"
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 dist.init_process_group("gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
-state = json.loads(checkpoint.read_text()) if checkpoint.exists() else {"step": -1, "w": 0.0}
-resumed = state["step"] + 1
-w = state["w"]
+state = json.loads(checkpoint.read_text()) if checkpoint.exists() else {{"step": -1, "w": 0.0}}
+resumed, w = state["step"] + 1, state["w"]
 for step in range(resumed, steps):
-    while size == 2 and step == hold:
-        time.sleep(0.01)  # a step that waits for the walk-in: the re-formation stops it here
+{pause}
     ones = torch.ones(1)
     dist.all_reduce(ones)
     w += ones.item()
     if rank == 0:
-        (out / "checkpoint.tmp").write_text(json.dumps({"step": step, "w": w}))
+        (out / "checkpoint.tmp").write_text(json.dumps({{"step": step, "w": w}}))
         (out / "checkpoint.tmp").replace(checkpoint)
     dist.barrier()
-said = {
-    "pid": os.getpid(), "w": w, "world": size, "resumed": resumed,
-    "restart": os.environ["TORCHELASTIC_RESTART_COUNT"], "run_id": os.environ["TORCHELASTIC_RUN_ID"],
-}
-(out / f"rank-{rank}.json").write_text(json.dumps(said))
+said = {{"w": w, "world": size, "resumed": resumed, "restart": restart}} | {said}
+(out / f"rank-{{rank}}.json").write_text(json.dumps(said))
 dist.destroy_process_group()
 """
+
+
+SCRIPT = trainer(
+    """
+    while size == 2 and step == hold:
+        time.sleep(0.01)  # a step that waits for the walk-in: the re-formation stops it here""",
+    '{"pid": os.getpid(), "run_id": os.environ["TORCHELASTIC_RUN_ID"]}',
+)
 
 
 def test_a_gloo_script_grows_from_two_to_three_ranks_by_re_formation(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     notes: list[str] = []
-    command = [sys.executable, "-c", SCRIPT, str(out), str(STEPS), str(HOLD)]
+    command = [sys.executable, "-c", SCRIPT, str(out), str(STEPS), str(HOLD), "0"]
     checkpoint = out / "checkpoint.json"
 
     def at_hold() -> bool:
@@ -97,7 +107,7 @@ def test_a_gloo_script_grows_from_two_to_three_ranks_by_re_formation(tmp_path: P
     assert {r["w"] for r in results.values()} == {expected}
     assert {r["world"] for r in results.values()} == {3}
     assert {r["resumed"] for r in results.values()} == {HOLD}
-    assert {r["restart"] for r in results.values()} == {"1"}
+    assert {r["restart"] for r in results.values()} == {1}
     assert len({r["run_id"] for r in results.values()}) == 1
     assert len({r["pid"] for r in results.values()}) == 3 and os.getpid() not in {
         r["pid"] for r in results.values()
@@ -170,37 +180,16 @@ dist.destroy_process_group()
 # killed while the others sit in a barrier with it (the lost peer fails their collective: their
 # exits may reach the controller before the lost host's link end does). The re-formed world
 # (a walk-in in rank 2's place) resumes from the checkpoint and trains to the end.
-REPLACED = """
-import json, os, sys, time
-from pathlib import Path
-import torch, torch.distributed as dist
-
-out, steps, hold, doomed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-checkpoint = out / "checkpoint.json"
-restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-dist.init_process_group("gloo")
-rank, size = dist.get_rank(), dist.get_world_size()
-state = json.loads(checkpoint.read_text()) if checkpoint.exists() else {"step": -1, "w": 0.0}
-resumed = state["step"] + 1
-w = state["w"]
-for step in range(resumed, steps):
+REPLACED = trainer(
+    """
     if restart == 0 and step == hold:
-        if rank == doomed:
+        if rank == knob:
             (out / "doomed").touch()
             while True:
                 time.sleep(0.01)  # killed with its host
-        dist.barrier()  # fails (or hangs until the re-formation stops it) once rank 2 is gone
-    ones = torch.ones(1)
-    dist.all_reduce(ones)
-    w += ones.item()
-    if rank == 0:
-        (out / "checkpoint.tmp").write_text(json.dumps({"step": step, "w": w}))
-        (out / "checkpoint.tmp").replace(checkpoint)
-    dist.barrier()
-said = {"w": w, "world": size, "resumed": resumed, "restart": restart, "host": os.environ["FLODL_TEST_HOST"]}
-(out / f"rank-{rank}.json").write_text(json.dumps(said))
-dist.destroy_process_group()
-"""
+        dist.barrier()  # fails (or hangs until the re-formation stops it) once the doomed rank is gone""",
+    '{"host": os.environ["FLODL_TEST_HOST"]}',
+)
 
 
 def test_a_lost_host_in_a_gloo_world_is_replaced_by_the_next_walk_in_and_the_world_resumes(
@@ -212,15 +201,7 @@ def test_a_lost_host_in_a_gloo_world_is_replaced_by_the_next_walk_in_and_the_wor
     command = [sys.executable, "-c", REPLACED, str(out), str(STEPS), str(HOLD), "2"]
 
     async def scenario() -> None:
-        knobs = settings(
-            command,
-            target=3,
-            quorum=3,
-            max_failure="1",
-            elastic=Elastic(3, reform_interval=0),
-            env={"GLOO_SOCKET_IFNAME": "lo"},
-        )
-        ctl = Controller(knobs, log=notes.append)
+        ctl = Controller(three(command, Elastic(3, reform_interval=0)), log=notes.append)
         await ctl.start()
         boxes = {host: asyncio.ensure_future(walk_in(box(ctl, host))) for host in ("box-a", "box-b", "box-c")}
         await until(lambda: (out / "doomed").exists(), timeout=120)
@@ -247,6 +228,13 @@ def test_a_lost_host_in_a_gloo_world_is_replaced_by_the_next_walk_in_and_the_wor
     assert not any("run failed" in line for line in notes), notes
 
 
+def three(command: list[str], elastic: Elastic) -> Settings:
+    """A three-box gloo world that may lose one rank."""
+    return settings(
+        command, target=3, quorum=3, max_failure="1", elastic=elastic, env={"GLOO_SOCKET_IFNAME": "lo"}
+    )
+
+
 def box(ctl: Controller, host: str) -> AgentOptions:
     """A box whose ranks know its name (the script reports where each rank ran)."""
     return replace(agent(ctl, host), env={"FLODL_TEST_HOST": host})
@@ -254,33 +242,13 @@ def box(ctl: Controller, host: str) -> AgentOptions:
 
 # Rank 1 fails on its own at HOLD while the restart count is below FAILS; its peer waits in a
 # barrier. The restarted ranks resume from the checkpoint.
-FAILING = """
-import json, os, sys
-from pathlib import Path
-import torch, torch.distributed as dist
-
-out, steps, hold, fails = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-checkpoint = out / "checkpoint.json"
-restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-state = json.loads(checkpoint.read_text()) if checkpoint.exists() else {"step": -1, "w": 0.0}
-resumed, w = state["step"] + 1, state["w"]
-for step in range(resumed, steps):
-    if step == hold and restart < fails:
+FAILING = trainer(
+    """
+    if step == hold and restart < knob:
         if rank == 1:
             sys.exit(3)
-        dist.barrier()
-    ones = torch.ones(1)
-    dist.all_reduce(ones)
-    w += ones.item()
-    if rank == 0:
-        (out / "checkpoint.tmp").write_text(json.dumps({"step": step, "w": w}))
-        (out / "checkpoint.tmp").replace(checkpoint)
-    dist.barrier()
-(out / f"rank-{rank}.json").write_text(json.dumps({"w": w, "resumed": resumed, "restart": restart}))
-dist.destroy_process_group()
-"""
+        dist.barrier()""",
+)
 
 
 @pytest.mark.parametrize("fails", [1, 2])
@@ -347,15 +315,7 @@ def test_a_process_group_that_cannot_be_made_whole_again_ends_the_run_saying_why
     hosts = ("box-a", "box-b", "box-c")
 
     async def scenario() -> None:
-        knobs = settings(
-            command,
-            target=3,
-            quorum=3,
-            max_failure="1",
-            elastic=Elastic(3, reform_interval=0, replace_timeout=2),
-            env={"GLOO_SOCKET_IFNAME": "lo"},
-        )
-        ctl = Controller(knobs, log=notes.append)
+        ctl = Controller(three(command, Elastic(3, reform_interval=0, replace_timeout=2)), log=notes.append)
         await ctl.start()
         boxes = {host: asyncio.ensure_future(walk_in(box(ctl, host))) for host in hosts}
         await until(lambda: (out / "doomed").exists(), timeout=120)
