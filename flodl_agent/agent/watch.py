@@ -49,21 +49,20 @@ async def supervise(
     abort: asyncio.Task[str],
     relay: StreamRelay,
     serving: bool,
-    reform: asyncio.Event | None = None,
+    reform: asyncio.Event,
 ) -> list[int] | None:
     """The ranks' exit codes once all ended (the store, when ``serving`` it, kept up for the other
     hosts); None when the controller asked for a re-formation (``reform``) first; the link
     ending first cancels them and fails the attempt (transient)."""
-    asked = asyncio.ensure_future(reform.wait()) if reform is not None else None
-    watched: set[asyncio.Future[Any]] = {abort} | ({asked} if asked is not None else set())
+    asked = asyncio.ensure_future(reform.wait())
+    watched: set[asyncio.Future[Any]] = {abort, asked}
     pending: set[asyncio.Future[Any]] = {*watched, *ranks}
     try:
         while watched <= pending and pending - watched:
             _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        if asked is not None:
-            asked.cancel()
-    if asked is not None and asked.done() and not asked.cancelled() and not abort.done():
+        asked.cancel()
+    if asked.done() and not asked.cancelled() and not abort.done():
         return None  # the ranks stop for the re-formation (the agent's _reform)
     if abort.done():
         for task in ranks:
@@ -74,8 +73,8 @@ async def supervise(
     if serving:
         # Other hosts' ranks may still talk to the store (a last barrier): serve it until
         # their connections close, the run ends, or the world re-forms (a fresh store).
-        drained: asyncio.Future[Any] = asyncio.ensure_future(relay.drained())
-        again: asyncio.Future[Any] = asyncio.ensure_future(reform.wait()) if reform is not None else drained
+        drained = asyncio.ensure_future(relay.drained())
+        again = asyncio.ensure_future(reform.wait())
         await asyncio.wait({abort, drained, again}, return_when=asyncio.FIRST_COMPLETED)
         drained.cancel()
         again.cancel()

@@ -79,15 +79,12 @@ class Reforming:
         rank numbered and held so far), until the world re-forms with it."""
         hello, now = link.hello, self.clock()
         reformation = self._reformations()
-        first = self.window.joined_ranks + reformation.waiting
+        after = self.window.joined_ranks + reformation.waiting  # after every rank numbered and held
         count = len(hello.devices)
         reformation.hold(hello.host, count)
-        if self.supervisor is not None:  # a lost host's span, where it would take one now
-            first = (
-                reformation.placed(self.supervisor.world, self.ceiling)[0]
-                .get(hello.host, range(first, first))
-                .start
-            )
+        assert self.supervisor is not None  # only a formed world holds walk-ins
+        placed = reformation.placed(self.supervisor.world, self.ceiling)[0]  # a lost host's span first
+        first = placed[hello.host].start if hello.host in placed else after
         self._register(link, first)
         writer.write(conn.accept(first, count))
         self.admitted += 1
@@ -181,8 +178,11 @@ class Reforming:
         # A linked host runs its ranks again: only the ranks of hosts gone count as lost.
         supervisor.failed -= {r for h, span in supervisor.world.items() if h in self.links for r in span}
         if under_way:
-            return self._mend()
-        if not self._mend(settle=False):
+            goes_on = self._mend()
+            if goes_on:
+                self._settle()
+            return goes_on
+        if not self._mend():
             return False
         asked = self._ask_to_stop("the world re-forms: ranks were lost")
         self.note(
@@ -215,7 +215,7 @@ class Reforming:
             )
         return ""
 
-    def _mend(self, settle: bool = True) -> bool:
+    def _mend(self) -> bool:
         """The hosts of the world that are gone leave their spans to fill (within the failure
         budget, and never rank 0's: the store's host). False when the run ends instead."""
         reformation, supervisor = self.reformation, self.supervisor
@@ -232,8 +232,6 @@ class Reforming:
         elif reformation.missing > budget:
             why = f"{reformation.missing} lost rank(s) exceed max_failure {budget}"
         else:
-            if settle:
-                self._settle()
             return True
         return self._verdict(
             FailRun(
@@ -259,7 +257,7 @@ class Reforming:
                 )
             )
             return True
-        if self._mend(settle=False):  # the run may end with it (the budget, rank 0's host)
+        if self._mend():  # the run may end with it (the budget, rank 0's host)
             self._apply(self.window.leave(host, self.clock()))
             self._settle()
         return True
@@ -300,7 +298,7 @@ class Reforming:
         hosts' spans first, then after every rank; it waits while a span is unfilled."""
         reformation, old, now = self.reformation, self.supervisor, self.clock()
         assert reformation is not None and old is not None
-        if not self._mend(settle=False):  # a host gone unseen is lost, as one seen to go
+        if not self._mend():  # a host gone unseen is lost, as one seen to go
             return
         world, taken, unfilled = reformation.world(old.world, self.ceiling)
         if unfilled:
